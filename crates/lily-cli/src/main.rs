@@ -1,0 +1,59 @@
+//! `lily`: the command-line front of the engine.
+
+mod bench;
+mod logits;
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand};
+use lily_model::ModelSource;
+
+#[derive(Parser)]
+#[command(name = "lily", version, about = "Lily: an inference engine for Qwen3.6-35B-A3B")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Logits at every position of a token sequence (prefill, then decode).
+    Logits(logits::LogitsArgs),
+    /// Prefill and decode speed, median of several runs after a warm-up.
+    Bench(bench::BenchArgs),
+}
+
+/// Which model to run: a checkpoint directory or a built-in synthetic one.
+#[derive(Args, Clone, Debug)]
+#[group(required = true, multiple = false)]
+pub struct ModelArgs {
+    /// Checkpoint directory (config.json + safetensors)
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Built-in model with seeded random weights: tiny | full (released geometry)
+    #[arg(long)]
+    pub synthetic: Option<String>,
+}
+
+impl ModelArgs {
+    pub fn source(&self) -> ModelSource {
+        match (&self.model, &self.synthetic) {
+            (Some(p), _) => ModelSource::Dir(p.clone()),
+            (None, Some(n)) => ModelSource::Synthetic(n.clone()),
+            (None, None) => unreachable!("clap requires one of --model / --synthetic"),
+        }
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let res: Result<()> = match cli.cmd {
+        Cmd::Logits(a) => logits::run(a),
+        Cmd::Bench(a) => bench::run(a),
+    };
+    if let Err(e) = res {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
