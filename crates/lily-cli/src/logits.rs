@@ -3,10 +3,11 @@
 //! compare this against HF transformers.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use lily_cpu::ops::gdn::GdnForm;
 use lily_cpu::{CpuModel, Logits};
 
 use crate::ModelArgs;
@@ -24,6 +25,14 @@ pub struct LogitsArgs {
     /// Output file: one f32 tensor `logits` [T, vocab_size]
     #[arg(long)]
     pub out: PathBuf,
+    /// Also write the residual stream after every layer of the prefill
+    /// (`blk.{l}.out`, [N, D]) and after the final norm, for layer-by-layer diffs
+    #[arg(long)]
+    pub taps: Option<PathBuf>,
+    /// Keep activations in f32 (default: round them to the weights' dtype where
+    /// HF transformers does, to match it running the checkpoint in bf16)
+    #[arg(long)]
+    pub f32_activations: bool,
 }
 
 pub fn run(a: LogitsArgs) -> Result<()> {
@@ -37,16 +46,35 @@ pub fn run(a: LogitsArgs) -> Result<()> {
     }
     let (cfg, w) = a.model.source().load()?;
     let v = cfg.vocab_size;
-    let model = CpuModel::new(cfg, w);
+    let mut model = CpuModel::new(cfg, w);
+    if a.f32_activations {
+        model = model.with_f32_activations();
+    }
     let mut state = model.new_state();
-    let mut out = model.prefill(&a.tokens[..n], &mut state, Logits::All)?;
+    let mut taps: Vec<(String, Vec<f32>)> = Vec::new();
+    let mut out = model.forward(&a.tokens[..n], &mut state, Logits::All, GdnForm::Chunked, &mut |name, x| {
+        if a.taps.is_some() {
+            taps.push((name.to_string(), x.to_vec()));
+        }
+    })?;
     for &tok in &a.tokens[n..] {
         out.extend(model.decode(tok, &mut state)?);
     }
     debug_assert_eq!(out.len(), t * v);
-    let bytes: Vec<u8> = out.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![t, v], &bytes)?;
-    let map: HashMap<String, _> = [("logits".to_string(), view)].into_iter().collect();
-    safetensors::serialize_to_file(map, None, &a.out).with_context(|| format!("writing {}", a.out.display()))?;
+    write_f32(&a.out, &[("logits".to_string(), vec![t, v], out)])?;
+    if let Some(path) = &a.taps {
+        let named: Vec<_> = taps.into_iter().map(|(k, x)| (k, vec![n, x.len() / n], x)).collect();
+        write_f32(path, &named)?;
+    }
     Ok(())
+}
+
+/// Write f32 tensors (name, shape, data) to a safetensors file.
+pub fn write_f32(path: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Result<()> {
+    let bytes: Vec<Vec<u8>> = tensors.iter().map(|(_, _, x)| x.iter().flat_map(|v| v.to_le_bytes()).collect()).collect();
+    let mut map = HashMap::new();
+    for ((name, shape, _), b) in tensors.iter().zip(&bytes) {
+        map.insert(name.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), b)?);
+    }
+    safetensors::serialize_to_file(map, None, path).with_context(|| format!("writing {}", path.display()))
 }

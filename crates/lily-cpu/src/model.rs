@@ -11,7 +11,7 @@ use lily_model::{Config, DType, LayerKind, Weights};
 use crate::ops::attention::{gated_attention, KvCache};
 use crate::ops::gdn::{gdn, GdnForm, GdnState};
 use crate::ops::linear::linear;
-use crate::ops::moe::moe;
+use crate::ops::moe::{moe, router_logits};
 use crate::ops::norm::rmsnorm1p;
 
 /// Per-sequence state of every layer, plus the number of tokens consumed.
@@ -38,11 +38,21 @@ pub enum Logits {
 pub struct CpuModel {
     pub cfg: Config,
     pub w: Weights,
+    /// Activation dtype: values are rounded to it where HF materialises them.
+    /// Defaults to the weights' dtype (HF runs a bf16 checkpoint in bf16);
+    /// `F32` keeps every activation in f32, the exact reference for kernels.
+    pub act: DType,
 }
 
 impl CpuModel {
     pub fn new(cfg: Config, w: Weights) -> CpuModel {
-        CpuModel { cfg, w }
+        let act = w.dtype;
+        CpuModel { cfg, w, act }
+    }
+
+    pub fn with_f32_activations(mut self) -> CpuModel {
+        self.act = DType::F32;
+        self
     }
 
     pub fn new_state(&self) -> State {
@@ -58,11 +68,6 @@ impl CpuModel {
         State { pos: 0, layers }
     }
 
-    /// Activation dtype: HF runs the model in its weights' dtype.
-    fn act(&self) -> DType {
-        self.w.dtype
-    }
-
     /// Prefill T tokens (chunked GDN) after whatever `state` holds.
     pub fn prefill(&self, tokens: &[u32], state: &mut State, which: Logits) -> Result<Vec<f32>> {
         self.forward(tokens, state, which, GdnForm::Chunked, &mut |_, _| {})
@@ -73,8 +78,9 @@ impl CpuModel {
         self.forward(&[token], state, Logits::Last, GdnForm::Recurrent, &mut |_, _| {})
     }
 
-    /// The whole forward. `tap(name, [T, D])` sees the residual stream after
-    /// each layer (`blk.{l}.out`) and after the final norm (`final_norm`).
+    /// The whole forward. `tap(name, x)` sees the residual stream after each
+    /// mixer (`blk.{l}.mixer_out`) and layer (`blk.{l}.out`), the router logits
+    /// (`blk.{l}.moe.router_logits`, [T, E]) and the final norm (`final_norm`).
     pub fn forward(
         &self,
         tokens: &[u32],
@@ -94,7 +100,7 @@ impl CpuModel {
         if state.layers.len() != cfg.num_layers() {
             bail!("state has {} layers, the model {}", state.layers.len(), cfg.num_layers());
         }
-        let r = self.act();
+        let r = self.act;
         let eps = cfg.rms_norm_eps;
         let mut x = vec![0f32; t * d]; // [T, D] residual stream
         for (i, &tok) in tokens.iter().enumerate() {
@@ -108,8 +114,11 @@ impl CpuModel {
                 _ => bail!("layer {l}: state kind does not match the layer's mixer"),
             };
             add_round(&mut x, &m, r);
+            tap(&format!("blk.{l}.mixer_out"), &x);
             let h = rmsnorm1p(&x, &lw.post_norm, eps, r);
-            let f = moe(&h, t, &lw.moe, cfg, r);
+            let rl = router_logits(&h, t, &lw.moe, r);
+            tap(&format!("blk.{l}.moe.router_logits"), &rl);
+            let f = moe(&h, t, &rl, &lw.moe, cfg, r);
             add_round(&mut x, &f, r);
             tap(&format!("blk.{l}.out"), &x);
         }

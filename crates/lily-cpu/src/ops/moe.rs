@@ -45,20 +45,26 @@ pub fn ffn_seq(x: &[f32], n: usize, f: &Ffn, r: DType) -> Vec<f32> {
     y
 }
 
-/// x [T, D] (normed) -> [T, D].
-pub fn moe(x: &[f32], t: usize, w: &MoeWeights, cfg: &Config, r: DType) -> Vec<f32> {
+/// Router logits x Wr^T: [T, D] -> [T, E].
+pub fn router_logits(x: &[f32], t: usize, w: &MoeWeights, r: DType) -> Vec<f32> {
+    let mut logits = linear(x, t, &w.router);
+    round_to(r, &mut logits);
+    logits
+}
+
+/// x [T, D] (normed) and its router logits [T, E] -> [T, D].
+pub fn moe(x: &[f32], t: usize, logits: &[f32], w: &MoeWeights, cfg: &Config, r: DType) -> Vec<f32> {
     let d = cfg.hidden_size;
     let e = cfg.num_experts;
-    let mut logits = linear(x, t, &w.router); // [T, E]
-    round_to(r, &mut logits);
     let routes: Vec<Vec<(usize, f32)>> =
         (0..t).map(|ti| route(&logits[ti * e..(ti + 1) * e], cfg.num_experts_per_tok, r)).collect();
 
-    // Group tokens by expert: (token, weight) lists.
-    let mut groups: Vec<Vec<(usize, f32)>> = vec![Vec::new(); e];
+    // Group (token, slot) pairs by expert, slot = rank of the expert in the token's top-K.
+    let k = cfg.num_experts_per_tok;
+    let mut groups: Vec<Vec<(usize, usize, f32)>> = vec![Vec::new(); e];
     for (ti, rt) in routes.iter().enumerate() {
-        for &(ex, wt) in rt {
-            groups[ex].push((ti, wt));
+        for (slot, &(ex, wt)) in rt.iter().enumerate() {
+            groups[ex].push((ti, slot, wt));
         }
     }
     let outs: Vec<Option<Vec<f32>>> = groups
@@ -69,27 +75,34 @@ pub fn moe(x: &[f32], t: usize, w: &MoeWeights, cfg: &Config, r: DType) -> Vec<f
                 return None;
             }
             let mut xe = Vec::with_capacity(toks.len() * d);
-            for &(ti, _) in toks {
+            for &(ti, _, _) in toks {
                 xe.extend_from_slice(&x[ti * d..(ti + 1) * d]);
             }
             let mut y = ffn_seq(&xe, toks.len(), &w.experts[ex], r);
-            for (i, &(_, wt)) in toks.iter().enumerate() {
+            for (i, &(_, _, wt)) in toks.iter().enumerate() {
                 y[i * d..(i + 1) * d].iter_mut().for_each(|v| *v *= wt);
             }
             round_to(r, &mut y);
             Some(y)
         })
         .collect();
-    // Accumulate in ascending expert order, rounding each add as HF's index_add_ does.
-    let mut out = vec![0f32; t * d];
+    // Weighted expert outputs per (token, slot), then summed over the slots in
+    // top-K order in f32 and rounded once, as transformers' grouped_mm path does.
+    let mut slots = vec![0f32; t * k * d];
     for ex in 0..e {
         if let Some(y) = &outs[ex] {
-            for (i, &(ti, _)) in groups[ex].iter().enumerate() {
-                let o = &mut out[ti * d..(ti + 1) * d];
-                o.iter_mut().zip(&y[i * d..(i + 1) * d]).for_each(|(a, b)| *a += b);
-                round_to(r, o);
+            for (i, &(ti, slot, _)) in groups[ex].iter().enumerate() {
+                slots[(ti * k + slot) * d..(ti * k + slot + 1) * d].copy_from_slice(&y[i * d..(i + 1) * d]);
             }
         }
+    }
+    let mut out = vec![0f32; t * d];
+    for ti in 0..t {
+        let o = &mut out[ti * d..(ti + 1) * d];
+        for slot in 0..k {
+            o.iter_mut().zip(&slots[(ti * k + slot) * d..(ti * k + slot + 1) * d]).for_each(|(a, b)| *a += b);
+        }
+        round_to(r, o);
     }
 
     // Shared expert over all tokens, parallel over token blocks.
