@@ -4,6 +4,7 @@
 pub mod config;
 pub mod ops;
 pub mod tensor;
+pub mod tokenizer;
 pub mod weights;
 
 use std::path::Path;
