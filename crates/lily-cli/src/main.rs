@@ -1,7 +1,10 @@
 //! `lily`: the command-line front of the engine.
 
 mod bench;
+mod chat;
+mod generate;
 mod logits;
+mod text;
 
 use std::path::PathBuf;
 
@@ -18,6 +21,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Answer one prompt, streaming the reasoning (dimmed) and the answer.
+    Generate(generate::GenerateArgs),
+    /// Interactive multi-turn conversation.
+    Chat(chat::ChatArgs),
+    /// Text to token ids.
+    Tokenize(text::TokenizeArgs),
+    /// Token ids to text.
+    Detokenize(text::DetokenizeArgs),
     /// Logits at every position of a token sequence (prefill, then decode).
     Logits(logits::LogitsArgs),
     /// Prefill and decode speed, median of several runs after a warm-up.
@@ -49,6 +60,10 @@ impl ModelArgs {
 fn main() {
     let cli = Cli::parse();
     let res: Result<()> = match cli.cmd {
+        Cmd::Generate(a) => generate::run(a),
+        Cmd::Chat(a) => chat::run(a),
+        Cmd::Tokenize(a) => text::tokenize(a),
+        Cmd::Detokenize(a) => text::detokenize(a),
         Cmd::Logits(a) => logits::run(a),
         Cmd::Bench(a) => bench::run(a),
     };

@@ -1,6 +1,7 @@
 //! What the model is: its config, its weights, and the contracts of its ops.
 //! No compute backend lives here; CPU and CUDA both build on this crate.
 
+pub mod chat_template;
 pub mod config;
 pub mod ops;
 pub mod tensor;

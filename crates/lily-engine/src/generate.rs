@@ -1,0 +1,210 @@
+//! The generate loop: prefill the prompt, then sample and decode one token at a
+//! time, streaming text out through the detokenizer and the stop-string
+//! matcher, until an end-of-sequence id, a stop string or the token limit.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use lily_model::tokenizer::{StreamDecoder, Tokenizer};
+
+use crate::sampling::{Sampler, SamplingParams};
+
+/// What the engine needs from a backend. One sequence's state is an opaque
+/// value owned by the caller, so a scheduler can hold many.
+pub trait Model {
+    type State;
+    fn new_state(&self) -> Self::State;
+    /// Feed `tokens` after what `state` holds; logits [V] of the last one.
+    fn prefill(&self, tokens: &[u32], state: &mut Self::State) -> Result<Vec<f32>>;
+    /// Feed one token; its logits [V].
+    fn decode(&self, token: u32, state: &mut Self::State) -> Result<Vec<f32>>;
+    /// Tokens the state holds.
+    fn position(&self, state: &Self::State) -> usize;
+}
+
+impl Model for lily_cpu::CpuModel {
+    type State = lily_cpu::State;
+    fn new_state(&self) -> lily_cpu::State {
+        lily_cpu::CpuModel::new_state(self)
+    }
+    fn prefill(&self, tokens: &[u32], state: &mut lily_cpu::State) -> Result<Vec<f32>> {
+        lily_cpu::CpuModel::prefill(self, tokens, state, lily_cpu::Logits::Last)
+    }
+    fn decode(&self, token: u32, state: &mut lily_cpu::State) -> Result<Vec<f32>> {
+        lily_cpu::CpuModel::decode(self, token, state)
+    }
+    fn position(&self, state: &lily_cpu::State) -> usize {
+        state.pos
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct GenerateRequest {
+    pub prompt: Vec<u32>,
+    pub sampling: SamplingParams,
+    pub max_tokens: usize,
+    /// End-of-sequence ids (from generation_config.json)
+    pub stop_ids: Vec<u32>,
+    /// Text that ends the generation; it is not part of the output.
+    pub stop_strings: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-sequence id or a stop string
+    Stop,
+    /// The token limit
+    Length,
+    /// The caller asked to stop
+    Cancelled,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    pub prefill: Duration,
+    pub ttft: Duration,
+    pub decode: Duration,
+}
+
+impl Stats {
+    pub fn prefill_tok_s(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prefill.as_secs_f64().max(1e-9)
+    }
+    /// Tokens after the first over the time spent decoding them.
+    pub fn decode_tok_s(&self) -> f64 {
+        self.generated_tokens.saturating_sub(1) as f64 / self.decode.as_secs_f64().max(1e-9)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Generation {
+    pub text: String,
+    /// Generated ids (the end-of-sequence id excluded)
+    pub tokens: Vec<u32>,
+    pub finish: FinishReason,
+    pub stats: Stats,
+}
+
+/// Holds back text that could be the start of a stop string, and cuts the
+/// output at the first full match (also when it spans tokens).
+pub struct StopMatcher {
+    stops: Vec<String>,
+    pending: String,
+}
+
+impl StopMatcher {
+    pub fn new(stops: &[String]) -> StopMatcher {
+        StopMatcher { stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(), pending: String::new() }
+    }
+
+    /// Add text; returns (text safe to emit, whether a stop string matched).
+    pub fn push(&mut self, text: &str) -> (String, bool) {
+        self.pending.push_str(text);
+        if let Some(at) = self.stops.iter().filter_map(|s| self.pending.find(s.as_str())).min() {
+            let out = self.pending[..at].to_string();
+            self.pending.clear();
+            return (out, true);
+        }
+        // Keep the longest tail that is a proper prefix of some stop string.
+        let mut keep = 0;
+        for s in &self.stops {
+            for (i, _) in self.pending.char_indices() {
+                let tail = &self.pending[i..];
+                if tail.len() < s.len() && s.starts_with(tail) {
+                    keep = keep.max(tail.len());
+                    break;
+                }
+            }
+        }
+        let cut = self.pending.len() - keep;
+        let out = self.pending[..cut].to_string();
+        self.pending.drain(..cut);
+        (out, false)
+    }
+
+    /// End of generation: the held-back text was no stop string after all.
+    pub fn finish(&mut self) -> String {
+        std::mem::take(&mut self.pending)
+    }
+}
+
+/// Run one request. `on_text` receives each new piece of text as soon as it
+/// is certain; returning `false` cancels the generation at the next token.
+pub fn generate<M: Model>(
+    model: &M,
+    tok: &Tokenizer,
+    req: &GenerateRequest,
+    on_text: &mut dyn FnMut(&str) -> bool,
+) -> Result<Generation> {
+    if req.prompt.is_empty() {
+        bail!("the prompt is empty");
+    }
+    req.sampling.validate()?;
+    let t0 = Instant::now();
+    let mut state = model.new_state();
+    let mut logits = model.prefill(&req.prompt, &mut state)?;
+    let prefill = t0.elapsed();
+    let mut sampler = Sampler::new(req.sampling.clone(), tok.len(), &req.prompt);
+    let mut detok = StreamDecoder::new(true);
+    let mut stops = StopMatcher::new(&req.stop_strings);
+    let mut text = String::new();
+    let mut tokens = Vec::new();
+    let mut ttft = Duration::ZERO;
+    let mut finish = FinishReason::Length;
+    let mut stop_string = false;
+    let mut t_first = Instant::now();
+    let mut emit = |piece: &str, text: &mut String| -> bool {
+        text.push_str(piece);
+        piece.is_empty() || on_text(piece)
+    };
+    while tokens.len() < req.max_tokens {
+        let next = sampler.sample(&logits);
+        if tokens.is_empty() {
+            ttft = t0.elapsed();
+            t_first = Instant::now();
+        }
+        if req.stop_ids.contains(&next) {
+            finish = FinishReason::Stop;
+            break;
+        }
+        sampler.accept(next);
+        tokens.push(next);
+        let piece = detok.push(tok, next)?;
+        let (out, matched) = stops.push(&piece);
+        if !emit(&out, &mut text) {
+            finish = FinishReason::Cancelled;
+            break;
+        }
+        if matched {
+            finish = FinishReason::Stop;
+            stop_string = true;
+            break;
+        }
+        if tokens.len() == req.max_tokens {
+            break;
+        }
+        logits = model.decode(next, &mut state)?;
+    }
+    if !stop_string && finish != FinishReason::Cancelled {
+        // Flush what the detokenizer and the stop matcher still hold: it was
+        // no stop string after all.
+        let tail = detok.finish(tok)?;
+        let (out, _) = stops.push(&tail);
+        let rest = stops.finish();
+        emit(&(out + &rest), &mut text);
+    }
+    let stats = Stats { prompt_tokens: req.prompt.len(), generated_tokens: tokens.len(), prefill, ttft, decode: t_first.elapsed() };
+    Ok(Generation { text, tokens, finish, stats })
+}

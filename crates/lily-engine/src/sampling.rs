@@ -1,0 +1,261 @@
+//! Choosing the next token from logits: penalties, temperature, top-k, top-p,
+//! min-p, and a seeded generator so a run can be repeated exactly.
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+/// Sampling settings of one request. `temperature == 0` is greedy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    pub temperature: f32,
+    /// 0 = off
+    pub top_k: usize,
+    /// 1 = off
+    pub top_p: f32,
+    /// 0 = off: drop tokens below `min_p * p(best)`
+    pub min_p: f32,
+    /// OpenAI-style, over generated tokens: `logit -= presence * [count > 0]`
+    pub presence_penalty: f32,
+    /// OpenAI-style, over generated tokens: `logit -= frequency * count`
+    pub frequency_penalty: f32,
+    /// HF/vLLM-style, over prompt and generated tokens: positive logits are
+    /// divided by it, negative ones multiplied. 1 = off.
+    pub repetition_penalty: f32,
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams::greedy()
+    }
+}
+
+impl SamplingParams {
+    pub fn greedy() -> SamplingParams {
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            seed: None,
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            bail!("temperature must be >= 0, got {}", self.temperature);
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            bail!("top_p must be in (0, 1], got {}", self.top_p);
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            bail!("min_p must be in [0, 1], got {}", self.min_p);
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+            bail!("repetition_penalty must be > 0, got {}", self.repetition_penalty);
+        }
+        for (k, v) in [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)] {
+            if !(-2.0..=2.0).contains(&v) {
+                bail!("{k} must be in [-2, 2], got {v}");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a checkpoint's `generation_config.json` says: sampling defaults and
+/// the end-of-sequence ids.
+#[derive(Clone, Debug)]
+pub struct GenerationConfig {
+    pub sampling: SamplingParams,
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl GenerationConfig {
+    /// Qwen3.6's published `generation_config.json` (MODEL.md 1.4), used when a
+    /// checkpoint has none.
+    pub fn qwen_default() -> GenerationConfig {
+        GenerationConfig {
+            sampling: SamplingParams { temperature: 1.0, top_k: 20, top_p: 0.95, ..SamplingParams::greedy() },
+            eos_token_ids: vec![248_046, 248_044],
+        }
+    }
+
+    pub fn from_dir(dir: &Path) -> Result<Option<GenerationConfig>> {
+        let path = dir.join("generation_config.json");
+        if !path.exists() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let v: Value = serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?;
+        Ok(Some(GenerationConfig::from_json(&v)))
+    }
+
+    pub fn from_json(v: &Value) -> GenerationConfig {
+        let f = |k: &str, d: f32| v.get(k).and_then(Value::as_f64).map(|x| x as f32).unwrap_or(d);
+        let do_sample = v.get("do_sample").and_then(Value::as_bool).unwrap_or(false);
+        let mut s = SamplingParams {
+            temperature: f("temperature", 1.0),
+            top_k: v.get("top_k").and_then(Value::as_u64).unwrap_or(0) as usize,
+            top_p: f("top_p", 1.0),
+            min_p: f("min_p", 0.0),
+            presence_penalty: f("presence_penalty", 0.0),
+            frequency_penalty: f("frequency_penalty", 0.0),
+            repetition_penalty: f("repetition_penalty", 1.0),
+            seed: None,
+        };
+        if !do_sample {
+            s.temperature = 0.0;
+        }
+        let eos_token_ids = match v.get("eos_token_id") {
+            Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+            Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
+            _ => vec![],
+        };
+        GenerationConfig { sampling: s, eos_token_ids }
+    }
+}
+
+/// PCG32: small, fast, seedable; the stream of a seed never changes.
+#[derive(Clone, Debug)]
+pub struct Rng {
+    state: u64,
+}
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        let mut r = Rng { state: seed.wrapping_add(0x853C_49E6_748F_EA9B) };
+        r.next_u32();
+        r
+    }
+    pub fn next_u32(&mut self) -> u32 {
+        let old = self.state;
+        self.state = old.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        let xorshifted = (((old >> 18) ^ old) >> 27) as u32;
+        let rot = (old >> 59) as u32;
+        xorshifted.rotate_right(rot)
+    }
+    /// Uniform in [0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        let hi = (self.next_u32() >> 5) as u64;
+        let lo = (self.next_u32() >> 6) as u64;
+        ((hi << 26) | lo) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Per-request sampler: holds the generator and the token counts the
+/// penalties need.
+pub struct Sampler {
+    pub params: SamplingParams,
+    rng: Rng,
+    /// Real token ids are below this; the rest of the model's rows are padding.
+    valid: usize,
+    /// counts of generated tokens (presence / frequency penalties)
+    counts: std::collections::HashMap<u32, u32>,
+    /// every token seen, prompt included (repetition penalty)
+    seen: std::collections::HashSet<u32>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams, valid_vocab: usize, prompt: &[u32]) -> Sampler {
+        let seed = params.seed.unwrap_or_else(|| {
+            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            t.as_nanos() as u64 ^ (std::process::id() as u64) << 32
+        });
+        let seen = if params.repetition_penalty != 1.0 { prompt.iter().copied().collect() } else { Default::default() };
+        Sampler { params, rng: Rng::new(seed), valid: valid_vocab, counts: Default::default(), seen }
+    }
+
+    /// Record a token that was emitted (it feeds the penalties).
+    pub fn accept(&mut self, tok: u32) {
+        *self.counts.entry(tok).or_default() += 1;
+        if self.params.repetition_penalty != 1.0 {
+            self.seen.insert(tok);
+        }
+    }
+
+    /// The logits after penalties, restricted to real tokens.
+    pub fn penalized(&self, logits: &[f32]) -> Vec<f32> {
+        let p = &self.params;
+        let mut l = logits[..self.valid.min(logits.len())].to_vec();
+        if p.repetition_penalty != 1.0 {
+            for &t in &self.seen {
+                if let Some(x) = l.get_mut(t as usize) {
+                    *x = if *x > 0.0 { *x / p.repetition_penalty } else { *x * p.repetition_penalty };
+                }
+            }
+        }
+        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+            for (&t, &c) in &self.counts {
+                if let Some(x) = l.get_mut(t as usize) {
+                    *x -= p.presence_penalty + p.frequency_penalty * c as f32;
+                }
+            }
+        }
+        l
+    }
+
+    /// Pick the next token.
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        let l = self.penalized(logits);
+        let p = &self.params;
+        if p.temperature == 0.0 || p.top_k == 1 {
+            return argmax(&l);
+        }
+        // Candidates by logit, best first; NaN logits are never candidates.
+        let mut idx: Vec<u32> = (0..l.len() as u32).filter(|&i| !l[i as usize].is_nan()).collect();
+        if idx.is_empty() {
+            return 0;
+        }
+        let by_logit = |a: &u32, b: &u32| l[*b as usize].total_cmp(&l[*a as usize]).then(a.cmp(b));
+        if p.top_k > 0 && p.top_k < idx.len() {
+            idx.select_nth_unstable_by(p.top_k - 1, by_logit);
+            idx.truncate(p.top_k);
+        }
+        idx.sort_unstable_by(by_logit);
+        let t = p.temperature as f64;
+        let m = l[idx[0] as usize] as f64;
+        let mut probs: Vec<f64> = idx.iter().map(|&i| ((l[i as usize] as f64 - m) / t).exp()).collect();
+        let z: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|x| *x /= z);
+        let mut keep = probs.len();
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            for (i, q) in probs.iter().enumerate() {
+                acc += q;
+                if acc >= p.top_p as f64 {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        if p.min_p > 0.0 {
+            let floor = p.min_p as f64 * probs[0];
+            keep = keep.min(probs.iter().take_while(|&&q| q >= floor).count().max(1));
+        }
+        let total: f64 = probs[..keep].iter().sum();
+        let mut u = self.rng.uniform() * total;
+        for (i, q) in probs[..keep].iter().enumerate() {
+            if u < *q {
+                return idx[i];
+            }
+            u -= q;
+        }
+        idx[keep - 1]
+    }
+}
+
+pub fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, v) in x.iter().enumerate() {
+        if *v > x[best] || x[best].is_nan() {
+            best = i;
+        }
+    }
+    best as u32
+}
