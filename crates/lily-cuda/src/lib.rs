@@ -1,0 +1,1 @@
+//! placeholder: the CUDA backend (issue 4).

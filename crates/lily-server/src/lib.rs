@@ -1,0 +1,1 @@
+//! placeholder: the OpenAI-compatible server (issue 5).
