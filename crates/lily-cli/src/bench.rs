@@ -1,36 +1,40 @@
-//! `lily bench`: prefill tok/s, decode tok/s and time to first token, the
-//! median of several runs after one warm-up run.
+//! `lily bench`: prefill tok/s at each prompt length, decode tok/s at each
+//! context length, and time to first token; the median of several runs after
+//! one warm-up run. On CUDA, decode is greedy on the device: each step copies
+//! back only the chosen token id.
 
 use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use lily_cpu::{CpuModel, Logits};
+use lily_engine::backend::Backend;
+use lily_engine::generate::Model;
+use lily_engine::sampling::argmax;
+use serde_json::json;
 
-use crate::ModelArgs;
+use crate::{DeviceArgs, ModelArgs};
 
 #[derive(Args)]
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Prompt tokens (random ids, seeded)
-    #[arg(long, default_value_t = 512)]
-    pub prompt_len: usize,
-    /// Tokens decoded greedily after the prompt
-    #[arg(long, default_value_t = 32)]
-    pub gen: usize,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// Prompt lengths to time prefill at (default: 512,4096,16384 on CUDA, 128 on the CPU)
+    #[arg(long, value_delimiter = ',')]
+    pub prompt_len: Vec<usize>,
+    /// Context lengths to time decode at (default: 512,4096,32768 on CUDA, 128 on the CPU)
+    #[arg(long, value_delimiter = ',')]
+    pub context: Vec<usize>,
+    /// Tokens decoded at each context (default: 128 on CUDA, 16 on the CPU)
+    #[arg(long)]
+    pub gen: Option<usize>,
     /// Timed runs (after one warm-up); the median is reported
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
     /// Print one JSON object instead of a table
     #[arg(long)]
     pub json: bool,
-}
-
-struct Run {
-    prefill_s: f64,
-    ttft_s: f64,
-    decode_s: f64,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -43,71 +47,98 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, v) in x.iter().enumerate() {
-        if *v > x[best] {
-            best = i;
-        }
+/// Seeded prompt ids spread over the vocabulary.
+fn prompt(n: usize, vocab: usize) -> Vec<u32> {
+    let mut s = 0x1234_5678u64;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            ((s >> 33) % vocab as u64) as u32
+        })
+        .collect()
+}
+
+/// Prefill `toks` and choose the next token; returns (seconds to the chosen id, the id, state).
+fn prefill(b: &Backend, toks: &[u32]) -> Result<(f64, u32, lily_engine::backend::BackendState)> {
+    let mut st = b.new_state();
+    let t = Instant::now();
+    let tok = match (b, &mut st) {
+        (Backend::Cuda(m), lily_engine::backend::BackendState::Cuda(s)) => m.prefill_greedy(s, toks)?,
+        _ => argmax(&b.prefill(toks, &mut st)?),
+    };
+    Ok((t.elapsed().as_secs_f64(), tok, st))
+}
+
+/// Decode `gen` greedy tokens after `st`; returns seconds.
+fn decode(b: &Backend, st: &mut lily_engine::backend::BackendState, mut tok: u32, gen: usize) -> Result<f64> {
+    let t = Instant::now();
+    for _ in 0..gen {
+        tok = match (b, &mut *st) {
+            (Backend::Cuda(m), lily_engine::backend::BackendState::Cuda(s)) => m.decode_greedy(s)?,
+            _ => argmax(&b.decode(tok, st)?),
+        };
     }
-    best as u32
+    Ok(t.elapsed().as_secs_f64())
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
-    if a.prompt_len == 0 || a.runs == 0 {
-        bail!("--prompt-len and --runs must be at least 1");
+    if a.runs == 0 {
+        bail!("--runs must be at least 1");
     }
-    let source = a.model.source();
     let t0 = Instant::now();
-    let (cfg, w) = source.load()?;
+    // room for the longest prompt, or the longest context plus its decode
+    let longest = a.prompt_len.iter().chain(a.context.iter().map(|c| c)).max().copied().unwrap_or(32_768) + a.gen.unwrap_or(128);
+    let dev = DeviceArgs { max_seq: a.device.max_seq.max(longest), ..a.device.clone() };
+    let b = dev.load(&a.model, !a.json)?;
     let load_s = t0.elapsed().as_secs_f64();
-    let vocab = cfg.vocab_size as u64;
-    let model = CpuModel::new(cfg, w);
-    // Seeded prompt ids (LCG), spread over the vocabulary.
-    let mut s = 0x1234_5678u64;
-    let prompt: Vec<u32> = (0..a.prompt_len)
-        .map(|_| {
-            s = s.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-            ((s >> 33) % vocab) as u32
-        })
-        .collect();
-    let once = |gen: usize| -> Result<Run> {
-        let mut st = model.new_state();
-        let t = Instant::now();
-        let logits = model.prefill(&prompt, &mut st, Logits::Last)?;
-        let prefill_s = t.elapsed().as_secs_f64();
-        let mut tok = argmax(&logits);
-        let ttft_s = t.elapsed().as_secs_f64();
-        let t = Instant::now();
-        for _ in 0..gen {
-            tok = argmax(&model.decode(tok, &mut st)?);
+    let cuda = matches!(b, Backend::Cuda(_));
+    let prompts = if a.prompt_len.is_empty() { if cuda { vec![512, 4096, 16_384] } else { vec![128] } } else { a.prompt_len.clone() };
+    let contexts = if a.context.is_empty() { if cuda { vec![512, 4096, 32_768] } else { vec![128] } } else { a.context.clone() };
+    let gen = a.gen.unwrap_or(if cuda { 128 } else { 16 });
+    let vocab = b.cfg().vocab_size.min(248_077);
+    let (mut prefill_rows, mut decode_rows) = (Vec::new(), Vec::new());
+    for &p in &prompts {
+        if p == 0 {
+            bail!("prompt lengths must be at least 1");
         }
-        Ok(Run { prefill_s, ttft_s, decode_s: t.elapsed().as_secs_f64() })
-    };
-    once(a.gen.min(2))?; // warm-up: page in weights, spin up threads
-    let runs: Vec<Run> = (0..a.runs).map(|_| once(a.gen)).collect::<Result<_>>()?;
-    let prefill_tps = median(runs.iter().map(|r| a.prompt_len as f64 / r.prefill_s).collect());
-    let decode_tps = if a.gen > 0 { median(runs.iter().map(|r| a.gen as f64 / r.decode_s).collect()) } else { 0.0 };
-    let ttft_ms = median(runs.iter().map(|r| r.ttft_s * 1e3).collect());
+        let toks = prompt(p, vocab);
+        prefill(&b, &toks[..p.min(64)])?; // warm-up
+        let times: Vec<f64> = (0..a.runs).map(|_| prefill(&b, &toks).map(|r| r.0)).collect::<Result<_>>()?;
+        let s = median(times);
+        prefill_rows.push(json!({"prompt_len": p, "prefill_tok_s": p as f64 / s, "ttft_ms": s * 1e3}));
+    }
+    for &c in &contexts {
+        let toks = prompt(c.max(1), vocab);
+        let (_, tok, mut st) = prefill(&b, &toks)?;
+        decode(&b, &mut st, tok, 2.min(gen))?; // warm-up
+        let mut times = Vec::new();
+        for _ in 0..a.runs {
+            let (_, tok, mut st) = prefill(&b, &toks)?;
+            times.push(decode(&b, &mut st, tok, gen)?);
+        }
+        let s = median(times);
+        decode_rows.push(json!({"context": c, "gen": gen, "decode_tok_s": gen as f64 / s, "ms_per_token": s * 1e3 / gen as f64}));
+    }
+    let report = json!({
+        "model": a.model.source().describe(),
+        "device": b.device_name(),
+        "runs": a.runs,
+        "load_s": load_s,
+        "prefill": prefill_rows,
+        "decode": decode_rows,
+    });
     if a.json {
-        let j = serde_json::json!({
-            "model": source.describe(),
-            "device": "cpu",
-            "threads": rayon::current_num_threads(),
-            "prompt_len": a.prompt_len,
-            "gen": a.gen,
-            "runs": a.runs,
-            "load_s": load_s,
-            "prefill_tok_s": prefill_tps,
-            "decode_tok_s": decode_tps,
-            "ttft_ms": ttft_ms,
-        });
-        println!("{j}");
-    } else {
-        println!("model {}  device cpu ({} threads)  load {:.2}s", source.describe(), rayon::current_num_threads(), load_s);
-        println!("{:>10} {:>6} {:>16} {:>16} {:>12}", "prompt", "gen", "prefill tok/s", "decode tok/s", "ttft ms");
-        println!("{:>10} {:>6} {:>16.1} {:>16.2} {:>12.1}", a.prompt_len, a.gen, prefill_tps, decode_tps, ttft_ms);
-        println!("(median of {} runs after a warm-up)", a.runs);
+        println!("{report}");
+        return Ok(());
+    }
+    println!("model {}  device {}  load {:.1}s  (median of {} runs after a warm-up)", a.model.source().describe(), b.device_name(), load_s, a.runs);
+    println!("{:>12} {:>16} {:>12}", "prompt", "prefill tok/s", "ttft ms");
+    for r in &prefill_rows {
+        println!("{:>12} {:>16.1} {:>12.1}", r["prompt_len"], r["prefill_tok_s"].as_f64().unwrap(), r["ttft_ms"].as_f64().unwrap());
+    }
+    println!("{:>12} {:>8} {:>16} {:>12}", "context", "gen", "decode tok/s", "ms/token");
+    for r in &decode_rows {
+        println!("{:>12} {:>8} {:>16.2} {:>12.2}", r["context"], r["gen"], r["decode_tok_s"].as_f64().unwrap(), r["ms_per_token"].as_f64().unwrap());
     }
     Ok(())
 }

@@ -9,13 +9,16 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use lily_cpu::ops::gdn::GdnForm;
 use lily_cpu::{CpuModel, Logits};
+use lily_engine::backend::Backend;
 
-use crate::ModelArgs;
+use crate::{DeviceArgs, ModelArgs};
 
 #[derive(Args)]
 pub struct LogitsArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
     /// Comma-separated token ids
     #[arg(long, value_delimiter = ',', required = true)]
     pub tokens: Vec<u32>,
@@ -44,22 +47,39 @@ pub fn run(a: LogitsArgs) -> Result<()> {
     if n == 0 {
         bail!("--decode-from must be at least 1: decode needs a token to start from");
     }
-    let (cfg, w) = a.model.source().load()?;
-    let v = cfg.vocab_size;
-    let mut model = CpuModel::new(cfg, w);
-    if a.f32_activations {
-        model = model.with_f32_activations();
-    }
-    let mut state = model.new_state();
+    let backend = a.device.load(&a.model, true)?;
+    let v = backend.cfg().vocab_size;
     let mut taps: Vec<(String, Vec<f32>)> = Vec::new();
-    let mut out = model.forward(&a.tokens[..n], &mut state, Logits::All, GdnForm::Chunked, &mut |name, x| {
-        if a.taps.is_some() {
-            taps.push((name.to_string(), x.to_vec()));
+    let mut out = match &backend {
+        Backend::Cpu(m) => {
+            let mut model = CpuModel::new(m.cfg.clone(), m.w.clone());
+            if a.f32_activations {
+                model = model.with_f32_activations();
+            }
+            let mut state = model.new_state();
+            let mut out = model.forward(&a.tokens[..n], &mut state, Logits::All, GdnForm::Chunked, &mut |name, x| {
+                if a.taps.is_some() {
+                    taps.push((name.to_string(), x.to_vec()));
+                }
+            })?;
+            for &tok in &a.tokens[n..] {
+                out.extend(model.decode(tok, &mut state)?);
+            }
+            out
         }
-    })?;
-    for &tok in &a.tokens[n..] {
-        out.extend(model.decode(tok, &mut state)?);
-    }
+        Backend::Cuda(m) => {
+            if a.taps.is_some() || a.f32_activations {
+                bail!("--taps and --f32-activations are CPU-only");
+            }
+            let mut st = m.new_state()?;
+            let mut out = m.forward(&mut st, &a.tokens[..n], true)?;
+            for &tok in &a.tokens[n..] {
+                out.extend(m.forward(&mut st, &[tok], true)?);
+            }
+            out
+        }
+    };
+    out.truncate(t * v);
     debug_assert_eq!(out.len(), t * v);
     write_f32(&a.out, &[("logits".to_string(), vec![t, v], out)])?;
     if let Some(path) = &a.taps {

@@ -4,6 +4,8 @@ mod bench;
 mod chat;
 mod generate;
 mod logits;
+mod synthetic;
+mod serve;
 mod text;
 
 use std::path::PathBuf;
@@ -33,6 +35,11 @@ enum Cmd {
     Logits(logits::LogitsArgs),
     /// Prefill and decode speed, median of several runs after a warm-up.
     Bench(bench::BenchArgs),
+    /// Describe a synthetic model's weights (generators + config) for other engines.
+    #[command(hide = true)]
+    SyntheticExport(synthetic::ExportArgs),
+    /// OpenAI-compatible HTTP server (chat and text completions, SSE streaming).
+    Serve(serve::ServeArgs),
 }
 
 /// Which model to run: a checkpoint directory or a built-in synthetic one.
@@ -42,9 +49,28 @@ pub struct ModelArgs {
     /// Checkpoint directory (config.json + safetensors)
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Built-in model with seeded random weights: tiny | full (released geometry)
+    /// Built-in model with seeded random weights: tiny | full (released geometry) | full4 (released sizes, 4 layers)
     #[arg(long)]
     pub synthetic: Option<String>,
+}
+
+/// Where the model runs.
+#[derive(Args, Clone, Debug)]
+pub struct DeviceArgs {
+    /// auto (CUDA when a GPU is present), cpu or cuda
+    #[arg(long, default_value = "auto")]
+    pub device: lily_engine::backend::Device,
+    /// Longest sequence (prompt + output) the GPU preallocates state for
+    #[arg(long, default_value_t = 32_768)]
+    pub max_seq: usize,
+}
+
+impl DeviceArgs {
+    /// Load the model's weights and put them on the chosen device.
+    pub fn load(&self, m: &ModelArgs, verbose: bool) -> Result<lily_engine::backend::Backend> {
+        let (cfg, w) = m.source().load()?;
+        lily_engine::backend::Backend::load(self.device, cfg, w, self.max_seq, verbose)
+    }
 }
 
 impl ModelArgs {
@@ -66,6 +92,8 @@ fn main() {
         Cmd::Detokenize(a) => text::detokenize(a),
         Cmd::Logits(a) => logits::run(a),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::SyntheticExport(a) => synthetic::run(a),
+        Cmd::Serve(a) => serve::run(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

@@ -1,1 +1,10 @@
-//! placeholder: the CUDA backend (issue 4).
+//! The CUDA backend for Hopper: hand-written kernels (kernels/*.cu, compiled
+//! at start-up by NVRTC), cuBLAS for prefill GEMMs, and the whole forward pass
+//! on the GPU.
+
+pub mod gpu;
+pub mod sampling;
+pub mod model;
+pub mod weights;
+
+pub use model::{CudaModel, CudaOptions, CudaState};

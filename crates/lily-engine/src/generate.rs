@@ -148,6 +148,21 @@ pub fn generate<M: Model>(
     req: &GenerateRequest,
     on_text: &mut dyn FnMut(&str) -> bool,
 ) -> Result<Generation> {
+    generate_observed(model, tok, req, &mut |_, _| true, on_text)
+}
+
+/// [`generate`] with a per-token observer: `on_token(id, logits)` sees each
+/// generated token (end-of-sequence ids excluded) with the logits it was
+/// sampled from (before penalties and temperature: what log-probabilities are
+/// reported from), before its text goes to `on_text`. Returning `false`
+/// cancels the generation there; that token is then not part of the output.
+pub fn generate_observed<M: Model>(
+    model: &M,
+    tok: &Tokenizer,
+    req: &GenerateRequest,
+    on_token: &mut dyn FnMut(u32, &[f32]) -> bool,
+    on_text: &mut dyn FnMut(&str) -> bool,
+) -> Result<Generation> {
     if req.prompt.is_empty() {
         bail!("the prompt is empty");
     }
@@ -177,6 +192,10 @@ pub fn generate<M: Model>(
         }
         if req.stop_ids.contains(&next) {
             finish = FinishReason::Stop;
+            break;
+        }
+        if !on_token(next, &logits) {
+            finish = FinishReason::Cancelled;
             break;
         }
         sampler.accept(next);

@@ -36,6 +36,19 @@ impl ModelSource {
     }
 
     /// Read the config and map (or generate) the weights, all checked.
+    /// The synthetic weights as generators, never materialised (for export and
+    /// for backends that generate them on the device).
+    pub fn load_procedural(&self) -> Result<(Config, Weights)> {
+        match self {
+            ModelSource::Synthetic(name) => {
+                let cfg = Config::synthetic(name)?;
+                let w = weights::synthetic(&cfg, SYNTHETIC_SEED);
+                Ok((cfg, w))
+            }
+            ModelSource::Dir(_) => self.load(),
+        }
+    }
+
     pub fn load(&self) -> Result<(Config, Weights)> {
         match self {
             ModelSource::Dir(dir) => load_dir(dir),

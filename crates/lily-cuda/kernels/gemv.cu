@@ -1,0 +1,34 @@
+// Decode matrix-vector product y[N] = W[N, K] x[K]: W and x bf16, y f32.
+// One warp per row, 8 rows per 256-thread block; each lane streams 16-byte
+// chunks of its row (K % 8 == 0), so a warp reads 512 contiguous bytes per step.
+#include "common.cuh"
+
+extern "C" __global__ void gemv_kernel(const bf16* __restrict__ W, const bf16* __restrict__ x,
+                                       float* __restrict__ y, int N, int K) {
+    int lane = threadIdx.x & 31;
+    long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= N) return;
+    const bf16* w = W + row * K;
+    float acc = 0.f;
+    for (int k = lane * 8; k < K; k += 256) {
+        float a[8], b[8];
+        load8(w + k, a);
+        load8(x + k, b);
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc += a[i] * b[i];
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) y[row] = acc;
+}
+
+// f32 -> bf16 conversion of an activation buffer (inputs of the prefill GEMMs).
+extern "C" __global__ void to_bf16_kernel(const float* __restrict__ x, bf16* __restrict__ out, long n) {
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+        out[i] = f2bf(x[i]);
+}
+
+// x[i] += d[i]
+extern "C" __global__ void add_kernel(float* __restrict__ x, const float* __restrict__ d, long n) {
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+        x[i] += d[i];
+}

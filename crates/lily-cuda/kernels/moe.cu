@@ -1,0 +1,120 @@
+// Mixture of experts. Router rows are [E routed | 1 shared-expert gate], so
+// one matrix product gives both. Experts are stored fused per layer:
+// gate_up [E, 2F, D] (F gate rows, then F up rows) and down [E, D, F]; the
+// shared expert sits in "slot K" with its own pointers and width Fs.
+#include "common.cuh"
+
+// One warp per token. logits: [T, E + 1]. Softmax over the E routed logits,
+// top-K (ties to the lower id), renormalised; slot K carries the shared
+// expert's gate sigmoid(logits[E]). idx: [T, K] int, wts: [T, K + 1] f32.
+extern "C" __global__ void router_topk_kernel(const float* __restrict__ logits, int T, int E, int K,
+                                              int* __restrict__ idx, float* __restrict__ wts) {
+    int lane = threadIdx.x & 31;
+    int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (t >= T) return;
+    const float* l = logits + (long)t * (E + 1);
+    float m = -LILY_INF;
+    for (int e = lane; e < E; e += 32) m = fmaxf(m, l[e]);
+    m = warp_max(m);
+    float z = 0.f;
+    for (int e = lane; e < E; e += 32) z += expf(l[e] - m);
+    z = warp_sum(z);
+    // K rounds of a warp-wide argmax over the experts not yet taken.
+    float taken_sum = 0.f;
+    unsigned taken[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // E <= 256: bit (e / 32) of lane e % 32
+    float pk[16];
+    int ik[16];
+    for (int k = 0; k < K; k++) {
+        float best = -LILY_INF;
+        int bi = 0x7fffffff;
+        for (int e = lane, s = 0; e < E; e += 32, s++) {
+            if ((taken[s >> 5] >> (s & 31)) & 1u) continue;
+            float v = l[e];
+            if (v > best || (v == best && e < bi)) { best = v; bi = e; }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ob > best || (ob == best && oi < bi)) { best = ob; bi = oi; }
+        }
+        if ((bi & 31) == lane) {
+            int s = bi >> 5;
+            taken[s >> 5] |= 1u << (s & 31);
+        }
+        float p = expf(best - m) / z;
+        pk[k] = p;
+        ik[k] = bi;
+        taken_sum += p;
+    }
+    if (lane == 0) {
+        for (int k = 0; k < K; k++) {
+            idx[(long)t * K + k] = ik[k];
+            wts[(long)t * (K + 1) + k] = pk[k] / taken_sum;
+        }
+        wts[(long)t * (K + 1) + K] = sigmoidf_(l[E]);
+    }
+}
+
+// h[t, slot, f] = bf16(silu(gate . x) * (up . x)) for the token's K experts and
+// the shared one. Grid (ceil(max(F, Fs) / 8), K + 1, T), block 256 (a warp per f).
+extern "C" __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const bf16* __restrict__ gate_up,
+                                              const bf16* __restrict__ shared_gate_up, const int* __restrict__ idx,
+                                              bf16* __restrict__ h, int D, int F, int Fs, int K) {
+    int lane = threadIdx.x & 31;
+    int f = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int slot = blockIdx.y;
+    long t = blockIdx.z;
+    bool shared = slot == K;
+    int width = shared ? Fs : F;
+    if (f >= width) return;
+    const bf16* base = shared ? shared_gate_up : gate_up + (long)idx[t * K + slot] * 2 * F * D;
+    const bf16* g = base + (long)f * D;
+    const bf16* u = base + (long)(width + f) * D;
+    const bf16* xr = x + t * D;
+    float ag = 0.f, au = 0.f;
+    for (int k = lane * 8; k < D; k += 256) {
+        float a[8], b[8], c[8];
+        load8(g + k, a);
+        load8(u + k, b);
+        load8(xr + k, c);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            ag += a[i] * c[i];
+            au += b[i] * c[i];
+        }
+    }
+    ag = warp_sum(ag);
+    au = warp_sum(au);
+    int hw = F > Fs ? F : Fs;
+    if (lane == 0) h[(t * (K + 1) + slot) * hw + f] = f2bf(siluf_(ag) * au);
+}
+
+// x[t, d] += sum_slot w[t, slot] * down_slot[d, :] . h[t, slot, :] (the residual
+// add fused in). Grid (ceil(D / 8), T), block 256 (a warp per output d).
+extern "C" __global__ void moe_down_kernel(const bf16* __restrict__ h, const bf16* __restrict__ down,
+                                           const bf16* __restrict__ shared_down, const int* __restrict__ idx,
+                                           const float* __restrict__ wts, float* __restrict__ x,
+                                           int D, int F, int Fs, int K) {
+    int lane = threadIdx.x & 31;
+    int d = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    long t = blockIdx.y;
+    if (d >= D) return;
+    int hw = F > Fs ? F : Fs;
+    float total = 0.f;
+    for (int slot = 0; slot <= K; slot++) {
+        bool shared = slot == K;
+        int width = shared ? Fs : F;
+        const bf16* row = shared ? shared_down + (long)d * Fs : down + ((long)idx[t * K + slot] * D + d) * F;
+        const bf16* hr = h + (t * (K + 1) + slot) * hw;
+        float acc = 0.f;
+        for (int k = lane * 8; k < width; k += 256) {
+            float a[8], b[8];
+            load8(row + k, a);
+            load8(hr + k, b);
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc += a[i] * b[i];
+        }
+        total += wts[t * (K + 1) + slot] * warp_sum(acc);
+    }
+    if (lane == 0) x[t * D + d] += total;
+}

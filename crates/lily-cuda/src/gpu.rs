@@ -1,0 +1,272 @@
+//! The device: driver context and stream, NVRTC-compiled kernel modules,
+//! cuBLAS, and raw device buffers. The driver, NVRTC and cuBLAS are loaded at
+//! run time, so this builds and runs on machines with no CUDA at all; there
+//! `Gpu::new` returns an error instead of panicking.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Context, Result};
+use cudarc::cublas::sys as cublas_sys;
+use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaFunction, CudaStream};
+
+/// Kernel sources, one file per kernel family; `common.cuh` is spliced in
+/// where a file includes it (NVRTC gets no include paths).
+pub const KERNEL_FILES: &[(&str, &str)] = &[
+    ("embed", include_str!("../kernels/embed.cu")),
+    ("norm", include_str!("../kernels/norm.cu")),
+    ("gemv", include_str!("../kernels/gemv.cu")),
+    ("attention", include_str!("../kernels/attention.cu")),
+    ("gdn", include_str!("../kernels/gdn.cu")),
+    ("moe", include_str!("../kernels/moe.cu")),
+    ("sampling", include_str!("../kernels/sampling.cu")),
+];
+const COMMON: &str = include_str!("../kernels/common.cuh");
+
+/// Is a usable CUDA driver present? (cudarc panics on a missing library, so
+/// every entry point asks first.)
+pub fn cuda_available() -> Result<()> {
+    // SAFETY: only probes whether the shared libraries can be opened.
+    unsafe {
+        if !drv_sys::is_culib_present() {
+            bail!("CUDA is not available: the NVIDIA driver library (libcuda.so) was not found");
+        }
+        if !cudarc::nvrtc::sys::is_culib_present() {
+            bail!("CUDA is not available: NVRTC (libnvrtc.so) was not found; install the CUDA runtime libraries");
+        }
+        if !cublas_sys::is_culib_present() {
+            bail!("CUDA is not available: cuBLAS (libcublas.so) was not found");
+        }
+    }
+    Ok(())
+}
+
+/// A raw device allocation. Freed on drop.
+pub struct DevBuf {
+    pub ptr: u64,
+    pub bytes: usize,
+}
+
+impl DevBuf {
+    pub fn at(&self, byte_offset: usize) -> u64 {
+        debug_assert!(byte_offset <= self.bytes);
+        self.ptr + byte_offset as u64
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        if self.ptr != 0 {
+            // SAFETY: allocated by cuMemAlloc in Gpu::alloc and not freed elsewhere.
+            unsafe {
+                let _ = drv::free_sync(self.ptr);
+            }
+        }
+    }
+}
+
+/// One argument of a kernel launch, kept alive until the launch call returns.
+pub enum Arg {
+    Ptr(u64),
+    I32(i32),
+    U64(u64),
+    F32(f32),
+}
+
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub blas: cublas_sys::cublasHandle_t,
+    funcs: HashMap<String, CudaFunction>,
+    pub name: String,
+}
+
+// SAFETY: the cuBLAS handle is only used from the thread that owns the Gpu
+// (the engine worker); the context is bound to that thread before use.
+unsafe impl Send for Gpu {}
+unsafe impl Sync for Gpu {}
+
+impl Gpu {
+    pub fn new(ordinal: usize) -> Result<Gpu> {
+        cuda_available()?;
+        let ctx = CudaContext::new(ordinal).map_err(|e| anyhow!("CUDA device {ordinal}: {e:?}"))?;
+        let (major, minor) = (
+            ctx.attribute(drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            ctx.attribute(drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        );
+        if major < 9 {
+            bail!("Lily's CUDA kernels target Hopper (compute capability 9.0); this GPU is {major}.{minor}");
+        }
+        let name = ctx.name().unwrap_or_else(|_| "CUDA device".into());
+        let stream = ctx.new_stream().map_err(|e| anyhow!("creating a stream: {e:?}"))?;
+        let blas = cudarc::cublas::result::create_handle().map_err(|e| anyhow!("cuBLAS: {e:?}"))?;
+        // SAFETY: handle and stream are valid; the stream outlives the handle's use.
+        unsafe { cudarc::cublas::result::set_stream(blas, stream.cu_stream() as _) }.map_err(|e| anyhow!("cuBLAS: {e:?}"))?;
+        let mut funcs = HashMap::new();
+        for (file, ptx, names) in compile_kernels()? {
+            let module = ctx.load_module(ptx).map_err(|e| anyhow!("loading kernels/{file}.cu: {e:?}"))?;
+            for name in names {
+                let f = module.load_function(&name).map_err(|e| anyhow!("kernel {name}: {e:?}"))?;
+                funcs.insert(name, f);
+            }
+        }
+        Ok(Gpu { ctx, stream, blas, funcs, name })
+    }
+
+    pub fn free_memory(&self) -> Result<(usize, usize)> {
+        self.ctx.bind_to_thread()?;
+        Ok(drv::mem_get_info()?)
+    }
+
+    pub fn alloc(&self, bytes: usize) -> Result<DevBuf> {
+        self.ctx.bind_to_thread()?;
+        if bytes == 0 {
+            return Ok(DevBuf { ptr: 0, bytes: 0 });
+        }
+        // SAFETY: plain device allocation, freed by DevBuf::drop.
+        let ptr = unsafe { drv::malloc_sync(bytes) }.map_err(|e| anyhow!("cuMemAlloc of {bytes} bytes: {e:?}"))?;
+        Ok(DevBuf { ptr, bytes })
+    }
+
+    pub fn upload<T: Copy>(&self, dst: u64, src: &[T]) -> Result<()> {
+        self.ctx.bind_to_thread()?;
+        // SAFETY: dst points to at least size_of_val(src) bytes (checked by callers).
+        unsafe { drv::memcpy_htod_async(dst, src, self.stream.cu_stream()) }?;
+        Ok(())
+    }
+
+    pub fn upload_new<T: Copy>(&self, src: &[T]) -> Result<DevBuf> {
+        let b = self.alloc(std::mem::size_of_val(src))?;
+        self.upload(b.ptr, src)?;
+        Ok(b)
+    }
+
+    pub fn download<T: Copy + Default>(&self, src: u64, n: usize) -> Result<Vec<T>> {
+        let mut v = vec![T::default(); n];
+        self.ctx.bind_to_thread()?;
+        // SAFETY: src holds n elements of T; the stream is synchronised before reading.
+        unsafe { drv::memcpy_dtoh_async(&mut v[..], src, self.stream.cu_stream()) }?;
+        self.sync()?;
+        Ok(v)
+    }
+
+    pub fn zero(&self, dst: u64, bytes: usize) -> Result<()> {
+        // SAFETY: dst holds `bytes` bytes.
+        unsafe { drv::memset_d8_async(dst, 0, bytes, self.stream.cu_stream()) }?;
+        Ok(())
+    }
+
+    pub fn sync(&self) -> Result<()> {
+        self.stream.synchronize().map_err(|e| anyhow!("CUDA error: {e:?}"))
+    }
+
+    /// Launch `name` on the stream. Arguments in the kernel's order.
+    pub fn launch(&self, name: &str, grid: (u32, u32, u32), block: (u32, u32, u32), smem: u32, args: &[Arg]) -> Result<()> {
+        let f = self.funcs.get(name).with_context(|| format!("no kernel named {name}"))?;
+        let mut vals: Vec<[u8; 8]> = args
+            .iter()
+            .map(|a| {
+                let mut b = [0u8; 8];
+                match a {
+                    Arg::Ptr(p) | Arg::U64(p) => b.copy_from_slice(&p.to_ne_bytes()),
+                    Arg::I32(i) => b[..4].copy_from_slice(&i.to_ne_bytes()),
+                    Arg::F32(x) => b[..4].copy_from_slice(&x.to_ne_bytes()),
+                }
+                b
+            })
+            .collect();
+        let mut params: Vec<*mut c_void> = vals.iter_mut().map(|v| v.as_mut_ptr() as *mut c_void).collect();
+        self.ctx.bind_to_thread()?;
+        // SAFETY: params point at values that live until this call returns; the
+        // kernel's signature matches `args` (each launcher in ops.rs owns that).
+        unsafe { drv::launch_kernel(f.cu_function(), grid, block, smem, self.stream.cu_stream(), &mut params) }
+            .map_err(|e| anyhow!("launching {name}: {e:?}"))?;
+        Ok(())
+    }
+
+    /// C[m, n] (f32, row-major) = A[m, k] (bf16, row-major) . B[n, k]^T (bf16, row-major):
+    /// a linear layer over m tokens. cuBLAS is column-major, so this computes
+    /// C^T = B . A^T with B transposed.
+    pub fn gemm_bf16_f32(&self, a: u64, b: u64, c: u64, m: usize, n: usize, k: usize) -> Result<()> {
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        self.ctx.bind_to_thread()?;
+        // SAFETY: pointers hold the stated shapes; cuBLAS runs on self.stream.
+        let st = unsafe {
+            cublas_sys::cublasGemmEx(
+                self.blas,
+                cublas_sys::cublasOperation_t::CUBLAS_OP_T,
+                cublas_sys::cublasOperation_t::CUBLAS_OP_N,
+                n as i32,
+                m as i32,
+                k as i32,
+                &alpha as *const f32 as *const c_void,
+                b as *const c_void,
+                cublas_sys::cudaDataType::CUDA_R_16BF,
+                k as i32,
+                a as *const c_void,
+                cublas_sys::cudaDataType::CUDA_R_16BF,
+                k as i32,
+                &beta as *const f32 as *const c_void,
+                c as *mut c_void,
+                cublas_sys::cudaDataType::CUDA_R_32F,
+                n as i32,
+                cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        };
+        if st != cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            bail!("cublasGemmEx({m}x{n}x{k}): {st:?}");
+        }
+        Ok(())
+    }
+}
+
+/// Compile every kernel file with NVRTC for sm_90a: (file, PTX, kernel names).
+/// Needs only libnvrtc, so CI (no GPU, NVRTC from NVIDIA's PyPI wheel) compiles
+/// exactly what the GPU will.
+pub fn compile_kernels() -> Result<Vec<(&'static str, cudarc::nvrtc::Ptx, Vec<String>)>> {
+    // SAFETY: probes whether libnvrtc can be opened.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        bail!("NVRTC (libnvrtc.so) was not found");
+    }
+    let mut out = Vec::new();
+    for (file, src) in KERNEL_FILES {
+        let source = src.replace("#include \"common.cuh\"", COMMON);
+        let opts = cudarc::nvrtc::CompileOptions {
+            arch: Some("sm_90a"),
+            options: vec!["-default-device".into(), "--std=c++17".into()],
+            name: Some(format!("{file}.cu")),
+            ..Default::default()
+        };
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(&source, opts).map_err(|e| match e {
+            cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+                anyhow!("NVRTC could not compile kernels/{file}.cu:\n{}", log.to_string_lossy())
+            }
+            other => anyhow!("NVRTC could not compile kernels/{file}.cu: {other:?}"),
+        })?;
+        out.push((*file, ptx, kernel_names(&source)));
+    }
+    Ok(out)
+}
+
+/// Names of the `extern "C" __global__` kernels in a source file.
+fn kernel_names(src: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for part in src.split("extern \"C\" __global__ void ").skip(1) {
+        if let Some(end) = part.find('(') {
+            out.push(part[..end].trim().to_string());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_kernel_file_declares_kernels() {
+        for (file, src) in super::KERNEL_FILES {
+            assert!(!super::kernel_names(src).is_empty(), "{file}.cu declares no kernels");
+        }
+    }
+}

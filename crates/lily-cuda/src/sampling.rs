@@ -1,0 +1,140 @@
+//! Next-token selection on the GPU (kernels/sampling.cu): greedy or sampled
+//! with temperature, top-k, top-p and min-p, so only the chosen id (4 bytes)
+//! leaves the device. Semantics follow lily-engine's `Sampler::sample`;
+//! penalties are not applied here (apply them to the logits first).
+//!
+//! The random draw is a uniform `u` in [0, 1) from the caller's seeded
+//! generator, so a run is repeatable: the kernels are deterministic (all
+//! probability sums are 64-bit fixed point, order-free), the same logits,
+//! parameters and `u` give the same id.
+//!
+//! `sample_kernel` runs as one block of 1024 threads. Usually (top_k <= 1024
+//! with a window of at most 4096 tokens, or a peaked distribution) it sorts the
+//! candidates exactly as the CPU sampler does and draws the same token for the
+//! same `u`, up to rounding. When the candidate window is wider (top_k > 1024,
+//! or no top-k over a flat distribution) it finds the thresholds by bisection
+//! over the logits in global memory: a tie at a top-k or top-p threshold then
+//! keeps every tied token, and the draw walks tokens in id order: the same
+//! distribution, but not the CPU's token for a given `u`.
+
+use anyhow::{bail, Result};
+
+use crate::gpu::{Arg, Gpu};
+
+/// Threads of the one block both sampling kernels run as (sample_kernel
+/// requires exactly this many).
+pub const SAMPLE_THREADS: u32 = 1024;
+
+/// The largest f32 below 1.
+const ONE_BELOW: f32 = 1.0 - f32::EPSILON / 2.0;
+
+/// Sampling settings as the kernels take them. `temperature == 0` (or
+/// `top_k == 1`) is greedy.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GpuSampleParams {
+    pub temperature: f32,
+    /// 0 = off
+    pub top_k: usize,
+    /// in (0, 1]; 1 = off
+    pub top_p: f32,
+    /// in [0, 1]; 0 = off: drop tokens below `min_p * p(best)`
+    pub min_p: f32,
+}
+
+impl GpuSampleParams {
+    pub fn greedy() -> GpuSampleParams {
+        GpuSampleParams { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0 }
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0 || self.top_k == 1
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            bail!("temperature must be finite and >= 0, got {}", self.temperature);
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            bail!("top_p must be in (0, 1], got {}", self.top_p);
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            bail!("min_p must be in [0, 1], got {}", self.min_p);
+        }
+        Ok(())
+    }
+}
+
+/// A host uniform in [0, 1) (e.g. `Rng::uniform()`) as the f32 the kernel
+/// takes, kept below 1 (a plain `as f32` can round up to 1.0).
+pub fn uniform_f32(u: f64) -> f32 {
+    if u.is_finite() {
+        (u as f32).clamp(0.0, ONE_BELOW)
+    } else {
+        0.0
+    }
+}
+
+/// Launch argmax (`temperature == 0` or `top_k == 1`) or `sample_kernel` on
+/// the GPU's stream over `logits` (device f32 [>= valid]; ids >= `valid` are
+/// padding and ignored); writes the chosen id to `out` (device pointer to one
+/// i32). No sync, no copy. `u` is a uniform in [0, 1) (clamped into it).
+pub fn sample_into(gpu: &Gpu, logits: u64, valid: usize, p: &GpuSampleParams, u: f32, out: u64) -> Result<()> {
+    p.validate()?;
+    if valid == 0 || valid > (i32::MAX / 2) as usize {
+        bail!("sampling over {valid} logits: must be in 1..=2^30");
+    }
+    let block = (SAMPLE_THREADS, 1, 1);
+    if p.is_greedy() {
+        return gpu.launch("argmax_kernel", (1, 1, 1), block, 0, &[Arg::Ptr(logits), Arg::I32(valid as i32), Arg::Ptr(out)]);
+    }
+    let u = if u.is_finite() { u.clamp(0.0, ONE_BELOW) } else { 0.0 };
+    gpu.launch(
+        "sample_kernel",
+        (1, 1, 1),
+        block,
+        0,
+        &[
+            Arg::Ptr(logits),
+            Arg::I32(valid as i32),
+            Arg::F32(p.temperature),
+            Arg::I32(p.top_k.min(i32::MAX as usize) as i32),
+            Arg::F32(p.top_p),
+            Arg::F32(p.min_p),
+            Arg::F32(u),
+            Arg::Ptr(out),
+        ],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uniform_stays_below_one() {
+        assert!(uniform_f32(0.999_999_999_9) < 1.0);
+        assert_eq!(uniform_f32(0.0), 0.0);
+        assert_eq!(uniform_f32(f64::NAN), 0.0);
+        assert_eq!(uniform_f32(0.5), 0.5);
+    }
+
+    #[test]
+    fn params_are_checked() {
+        assert!(GpuSampleParams::greedy().validate().is_ok());
+        let ok = GpuSampleParams { temperature: 0.7, top_k: 20, top_p: 0.95, min_p: 0.05 };
+        assert!(ok.validate().is_ok());
+        assert!(GpuSampleParams { temperature: -1.0, ..ok }.validate().is_err());
+        assert!(GpuSampleParams { temperature: f32::NAN, ..ok }.validate().is_err());
+        assert!(GpuSampleParams { top_p: 0.0, ..ok }.validate().is_err());
+        assert!(GpuSampleParams { min_p: 1.5, ..ok }.validate().is_err());
+        assert!(GpuSampleParams { top_k: 1, ..ok }.is_greedy());
+    }
+
+    #[test]
+    fn kernels_are_declared() {
+        let src = crate::gpu::KERNEL_FILES.iter().find(|(f, _)| *f == "sampling").unwrap().1;
+        for name in ["argmax_kernel", "sample_kernel"] {
+            assert!(src.contains(&format!("extern \"C\" __global__ void {name}(")), "{name} not found by kernel_names()");
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! Weights on the device, uploaded once in bf16 and re-laid for the kernels:
+//! experts fused per layer ([E, 2F, D] gate|up, [E, D, F] down), the router
+//! extended by the shared-expert gate row, in_proj_b and in_proj_a stacked,
+//! norm weights stored as f32 `1 + w`.
+
+use anyhow::{bail, Result};
+use lily_model::tensor::{widen, Storage};
+use lily_model::weights::{Ffn, MixerWeights};
+use lily_model::{Config, Mat, Weights};
+
+use crate::gpu::{Arg, DevBuf, Gpu};
+
+pub struct DevAttention {
+    /// [Hq * Dh * 2, D]
+    pub q: DevBuf,
+    /// [Hkv * Dh, D]
+    pub k: DevBuf,
+    pub v: DevBuf,
+    /// [D, Hq * Dh]
+    pub o: DevBuf,
+    /// [Dh] f32, 1 + w
+    pub q_norm: DevBuf,
+    pub k_norm: DevBuf,
+}
+
+pub struct DevGdn {
+    /// [C, D]
+    pub qkv: DevBuf,
+    /// [Hv * Dv, D]
+    pub z: DevBuf,
+    /// [2 Hv, D]: in_proj_b rows, then in_proj_a rows
+    pub ba: DevBuf,
+    /// [C, W] f32
+    pub conv: DevBuf,
+    /// [Hv] f32
+    pub a_log: DevBuf,
+    pub dt_bias: DevBuf,
+    /// [Dv] f32 (plain weight)
+    pub norm: DevBuf,
+    /// [D, Hv * Dv]
+    pub out: DevBuf,
+}
+
+pub enum DevMixer {
+    Attention(DevAttention),
+    Gdn(DevGdn),
+}
+
+pub struct DevLayer {
+    /// [D] f32, 1 + w
+    pub input_norm: DevBuf,
+    pub post_norm: DevBuf,
+    pub mixer: DevMixer,
+    /// [E + 1, D]: the router, then the shared expert's gate row
+    pub router: DevBuf,
+    /// [E, 2F, D]
+    pub gate_up: DevBuf,
+    /// [E, D, F]
+    pub down: DevBuf,
+    /// [2 Fs, D]
+    pub shared_gate_up: DevBuf,
+    /// [D, Fs]
+    pub shared_down: DevBuf,
+}
+
+pub struct DevWeights {
+    /// [V, D]
+    pub embed: DevBuf,
+    /// [V, D]
+    pub lm_head: DevBuf,
+    /// [D] f32, 1 + w
+    pub norm: DevBuf,
+    pub layers: Vec<DevLayer>,
+}
+
+/// Bytes the device copy of the weights takes.
+pub fn weight_bytes(cfg: &Config) -> usize {
+    let (d, v) = (cfg.hidden_size, cfg.vocab_size);
+    let mut n = 2 * v * d * 2 + d * 4;
+    for k in &cfg.layer_kinds {
+        n += 2 * d * 4;
+        n += match k {
+            lily_model::LayerKind::Attention => {
+                let (hq, hkv, dh) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+                (cfg.q_proj_rows() * d + 2 * hkv * dh * d + d * hq * dh) * 2 + 2 * dh * 4
+            }
+            lily_model::LayerKind::Gdn => {
+                let (c, hv, dv, w) = (cfg.conv_dim(), cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim);
+                (c * d + hv * dv * d + 2 * hv * d + d * hv * dv) * 2 + (c * w + 2 * hv + dv) * 4
+            }
+        };
+        let (e, f, fs) = (cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size);
+        n += ((e + 1) * d + e * 3 * f * d + 3 * fs * d) * 2;
+    }
+    n
+}
+
+struct Uploader<'a> {
+    gpu: &'a Gpu,
+    /// host staging for converted rows
+    stage: Vec<u16>,
+}
+
+impl Uploader<'_> {
+    /// Write `mats` one after the other (rows stacked) into a new bf16 buffer.
+    fn mats(&mut self, mats: &[&Mat]) -> Result<DevBuf> {
+        let total: usize = mats.iter().map(|m| m.rows * m.cols).sum();
+        let buf = self.gpu.alloc(total * 2)?;
+        let mut off = 0usize;
+        for m in mats {
+            self.mat_into(m, buf.at(off * 2))?;
+            off += m.rows * m.cols;
+        }
+        Ok(buf)
+    }
+
+    fn mat_into(&mut self, m: &Mat, dst: u64) -> Result<()> {
+        let n = m.rows * m.cols;
+        let start = m.row0 * m.cols;
+        match &m.t.storage {
+            Storage::Procedural(p) => self.gpu.launch(
+                "procedural_fill_kernel",
+                (1024, 1, 1),
+                (256, 1, 1),
+                0,
+                &[Arg::Ptr(dst), Arg::U64(n as u64), Arg::U64(start as u64), Arg::U64(p.seed), Arg::F32(p.mean), Arg::F32(p.std)],
+            ),
+            Storage::Bytes { .. } => {
+                let bytes = m.t.bytes().unwrap();
+                let sz = m.t.dtype.size();
+                let src = &bytes[start * sz..(start + n) * sz];
+                if m.t.dtype == lily_model::DType::BF16 {
+                    // bf16 on disk: straight copy (the mmap pages stream through)
+                    for (i, chunk) in src.chunks(1 << 26).enumerate() {
+                        self.gpu.upload(dst + (i << 26) as u64, chunk)?;
+                        self.gpu.sync()?;
+                    }
+                    return Ok(());
+                }
+                // f32 / f16: convert to bf16 on the host in slices
+                let per = 1 << 22;
+                let mut f = vec![0f32; per];
+                for (i, chunk) in src.chunks(per * sz).enumerate() {
+                    let k = chunk.len() / sz;
+                    widen(m.t.dtype, chunk, &mut f[..k]);
+                    self.stage.clear();
+                    self.stage.extend(f[..k].iter().map(|x| half::bf16::from_f32(*x).to_bits()));
+                    self.gpu.upload(dst + (i * per * 2) as u64, &self.stage)?;
+                    self.gpu.sync()?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn f32s(&self, v: &[f32]) -> Result<DevBuf> {
+        self.gpu.upload_new(v)
+    }
+
+    fn one_plus(&self, v: &[f32]) -> Result<DevBuf> {
+        let w: Vec<f32> = v.iter().map(|x| 1.0 + x).collect();
+        self.gpu.upload_new(&w)
+    }
+
+    fn experts(&mut self, ex: &[Ffn], f: usize, d: usize) -> Result<(DevBuf, DevBuf)> {
+        let e = ex.len();
+        let gu = self.gpu.alloc(e * 2 * f * d * 2)?;
+        let dn = self.gpu.alloc(e * d * f * 2)?;
+        for (i, x) in ex.iter().enumerate() {
+            self.mat_into(&x.gate, gu.at(i * 2 * f * d * 2))?;
+            self.mat_into(&x.up, gu.at((i * 2 * f * d + f * d) * 2))?;
+            self.mat_into(&x.down, dn.at(i * d * f * 2))?;
+        }
+        Ok((gu, dn))
+    }
+}
+
+pub fn upload(gpu: &Gpu, cfg: &Config, w: &Weights, progress: &dyn Fn(usize, usize)) -> Result<DevWeights> {
+    if cfg.linear_key_head_dim != 128 {
+        bail!("the CUDA GDN kernel is built for linear_key_head_dim 128, the checkpoint has {}", cfg.linear_key_head_dim);
+    }
+    if cfg.head_dim > 256 || cfg.head_dim % 32 != 0 || cfg.linear_value_head_dim % 32 != 0 || cfg.linear_conv_kernel_dim > 8 {
+        bail!(
+            "the CUDA kernels need head_dim <= 256 and a multiple of 32, linear_value_head_dim a multiple of 32, conv width <= 8 (got {}, {}, {})",
+            cfg.head_dim,
+            cfg.linear_value_head_dim,
+            cfg.linear_conv_kernel_dim
+        );
+    }
+    let (d, f, fs) = (cfg.hidden_size, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size);
+    if d % 8 != 0 || f % 8 != 0 || fs % 8 != 0 || cfg.num_experts > 256 || cfg.num_experts_per_tok > 16 {
+        bail!("the CUDA kernels need hidden and FFN sizes that are multiples of 8, at most 256 experts and top-k <= 16");
+    }
+    let mut up = Uploader { gpu, stage: Vec::new() };
+    let embed = up.mats(&[&w.embed])?;
+    let lm_head = up.mats(&[&w.lm_head])?;
+    let norm = up.one_plus(&w.norm)?;
+    let mut layers = Vec::new();
+    let n = w.layers.len();
+    for (i, l) in w.layers.iter().enumerate() {
+        let mixer = match &l.mixer {
+            MixerWeights::Attention(a) => DevMixer::Attention(DevAttention {
+                q: up.mats(&[&a.q_proj])?,
+                k: up.mats(&[&a.k_proj])?,
+                v: up.mats(&[&a.v_proj])?,
+                o: up.mats(&[&a.o_proj])?,
+                q_norm: up.one_plus(&a.q_norm)?,
+                k_norm: up.one_plus(&a.k_norm)?,
+            }),
+            MixerWeights::Gdn(g) => DevMixer::Gdn(DevGdn {
+                qkv: up.mats(&[&g.in_proj_qkv])?,
+                z: up.mats(&[&g.in_proj_z])?,
+                ba: up.mats(&[&g.in_proj_b, &g.in_proj_a])?,
+                conv: up.f32s(&g.conv1d)?,
+                a_log: up.f32s(&g.a_log)?,
+                dt_bias: up.f32s(&g.dt_bias)?,
+                norm: up.f32s(&g.norm)?,
+                out: up.mats(&[&g.out_proj])?,
+            }),
+        };
+        // router rows, then the shared-expert gate as row E
+        let router = gpu.alloc((cfg.num_experts + 1) * d * 2)?;
+        up.mat_into(&l.moe.router, router.ptr)?;
+        let sg: Vec<u16> = l.moe.shared_gate.iter().map(|x| half::bf16::from_f32(*x).to_bits()).collect();
+        gpu.upload(router.at(cfg.num_experts * d * 2), &sg)?;
+        let (gate_up, down) = up.experts(&l.moe.experts, f, d)?;
+        let shared_gate_up = up.mats(&[&l.moe.shared.gate, &l.moe.shared.up])?;
+        let shared_down = up.mats(&[&l.moe.shared.down])?;
+        layers.push(DevLayer {
+            input_norm: up.one_plus(&l.input_norm)?,
+            post_norm: up.one_plus(&l.post_norm)?,
+            mixer,
+            router,
+            gate_up,
+            down,
+            shared_gate_up,
+            shared_down,
+        });
+        gpu.sync()?;
+        progress(i + 1, n);
+    }
+    gpu.sync()?;
+    Ok(DevWeights { embed, lm_head, norm, layers })
+}

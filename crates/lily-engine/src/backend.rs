@@ -1,0 +1,133 @@
+//! Which compute backend runs the model: the CPU reference or the CUDA
+//! backend, chosen by `--device auto|cpu|cuda`. Both implement `Model`.
+
+use anyhow::{bail, Result};
+use lily_cpu::CpuModel;
+use lily_cuda::{CudaModel, CudaOptions, CudaState};
+use lily_model::{Config, Weights};
+
+use crate::generate::Model;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    /// CUDA when a GPU is present, else the CPU
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+impl std::str::FromStr for Device {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Device> {
+        Ok(match s {
+            "auto" => Device::Auto,
+            "cpu" => Device::Cpu,
+            "cuda" | "gpu" => Device::Cuda,
+            other => bail!("unknown device {other:?} (auto, cpu or cuda)"),
+        })
+    }
+}
+
+pub enum Backend {
+    Cpu(CpuModel),
+    Cuda(Box<CudaModel>),
+}
+
+pub enum BackendState {
+    Cpu(lily_cpu::State),
+    Cuda(CudaState),
+}
+
+impl Backend {
+    /// Build the model on `device`. `verbose` prints the memory estimate and
+    /// upload progress of the CUDA backend to stderr.
+    pub fn load(device: Device, cfg: Config, w: Weights, max_seq: usize, verbose: bool) -> Result<Backend> {
+        let want_cuda = match device {
+            Device::Cpu => false,
+            Device::Cuda => true,
+            Device::Auto => lily_cuda::gpu::cuda_available().is_ok(),
+        };
+        if !want_cuda {
+            return Ok(Backend::Cpu(CpuModel::new(cfg, w)));
+        }
+        let gpu = match lily_cuda::gpu::Gpu::new(0) {
+            Ok(g) => g,
+            Err(e) if device == Device::Auto => {
+                if verbose {
+                    eprintln!("lily: no usable GPU ({e:#}); running on the CPU");
+                }
+                return Ok(Backend::Cpu(CpuModel::new(cfg, w)));
+            }
+            Err(e) => return Err(e.context("--device cuda")),
+        };
+        let opts = CudaOptions { max_seq, ..CudaOptions::default() };
+        Ok(Backend::Cuda(Box::new(CudaModel::load(gpu, cfg, &w, opts, verbose)?)))
+    }
+
+    pub fn cfg(&self) -> &Config {
+        match self {
+            Backend::Cpu(m) => &m.cfg,
+            Backend::Cuda(m) => &m.cfg,
+        }
+    }
+
+    pub fn device_name(&self) -> String {
+        match self {
+            Backend::Cpu(_) => format!("cpu ({} threads)", rayon_threads()),
+            Backend::Cuda(m) => format!("cuda ({})", m.gpu.name),
+        }
+    }
+
+    /// Logits at every position of `tokens` (all prefill) on the host [T, V].
+    pub fn logits_all(&self, st: &mut BackendState, tokens: &[u32]) -> Result<Vec<f32>> {
+        match (self, st) {
+            (Backend::Cpu(m), BackendState::Cpu(s)) => m.prefill(tokens, s, lily_cpu::Logits::All),
+            (Backend::Cuda(m), BackendState::Cuda(s)) => m.forward(s, tokens, true),
+            _ => bail!("state belongs to another backend"),
+        }
+    }
+}
+
+fn rayon_threads() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+impl Model for Backend {
+    type State = BackendState;
+
+    fn new_state(&self) -> BackendState {
+        match self {
+            Backend::Cpu(m) => BackendState::Cpu(m.new_state()),
+            // A state that cannot be allocated (GPU memory exhausted) surfaces
+            // at the first prefill instead of here.
+            Backend::Cuda(m) => match m.new_state() {
+                Ok(s) => BackendState::Cuda(s),
+                Err(_) => BackendState::Cpu(lily_cpu::State { pos: usize::MAX, layers: Vec::new() }),
+            },
+        }
+    }
+
+    fn prefill(&self, tokens: &[u32], st: &mut BackendState) -> Result<Vec<f32>> {
+        match (self, st) {
+            (Backend::Cpu(m), BackendState::Cpu(s)) => m.prefill(tokens, s, lily_cpu::Logits::Last),
+            (Backend::Cuda(m), BackendState::Cuda(s)) => m.forward(s, tokens, false),
+            (Backend::Cuda(_), _) => bail!("could not allocate the sequence state on the GPU"),
+            _ => bail!("state belongs to another backend"),
+        }
+    }
+
+    fn decode(&self, token: u32, st: &mut BackendState) -> Result<Vec<f32>> {
+        match (self, st) {
+            (Backend::Cpu(m), BackendState::Cpu(s)) => m.decode(token, s),
+            (Backend::Cuda(m), BackendState::Cuda(s)) => m.forward(s, &[token], false),
+            _ => bail!("state belongs to another backend"),
+        }
+    }
+
+    fn position(&self, st: &BackendState) -> usize {
+        match st {
+            BackendState::Cpu(s) => s.pos,
+            BackendState::Cuda(s) => s.pos,
+        }
+    }
+}

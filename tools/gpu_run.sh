@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The H200 session script. Build on the development machine first:
+#   tools/gpu_run.sh build           -> .carry/ (lily binary + CUDA test binaries)
+# then on the GPU machine (device tool, carry .carry):
+#   tools/gpu_run.sh check           -> kernel tests, full4 vs CPU and vs transformers, quick bench
+#   tools/gpu_run.sh full            -> lily bench (issue sizes) and full 40-layer logits vs transformers
+#   tools/gpu_run.sh peer            -> transformers' own prefill/decode speed on the same weights
+# Logs and JSON go to $OUT (or ./gpu-out); a short table is printed last.
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+out="${OUT:-$root/gpu-out}"
+mkdir -p "$out"
+lily="$root/.carry/lily"
+mode="${1:-check}"
+
+summary=()
+note() { summary+=("$1"); }
+
+tokens_json() { # N -> file with N seeded token ids
+  python3 -c "import json,random; random.seed(7); print(json.dumps([random.randrange(248077) for _ in range($1)]))" > "$2"
+}
+
+e2e() { # NAME TOKENS DECODE_FROM [extra hf_compare args]
+  local name=$1 n=$2 df=$3 extra=${4:-}
+  local exp="/tmp/exp-$name" toks="/tmp/toks-$name.json"
+  "$lily" synthetic-export --synthetic "$name" --out "$exp" >> "$out/e2e-$name.log" 2>&1
+  tokens_json "$n" "$toks"
+  local ids; ids=$(python3 -c "import json;print(','.join(map(str,json.load(open('$toks')))))")
+  local t0=$(date +%s)
+  if ! "$lily" logits --device cuda --synthetic "$name" --max-seq $((n + 16)) --tokens "$ids" --decode-from "$df" \
+      --out "/tmp/lily-$name.safetensors" >> "$out/e2e-$name.log" 2>&1; then
+    note "e2e $name: lily logits FAILED (see e2e-$name.log)"; return
+  fi
+  local t1=$(date +%s)
+  if PYTHONUNBUFFERED=1 python3 tools/hf_compare.py --export "$exp" --lily "/tmp/lily-$name.safetensors" \
+      --tokens-file "$toks" --decode-from "$df" $extra --json-out "$out/e2e-$name.json" >> "$out/e2e-$name.log" 2>&1; then
+    note "$(python3 -c "
+import json; r=json.load(open('$out/e2e-$name.json'))
+d=r['decode'] or {}
+f=r.get('hf_bf16_vs_hf_f32'); g=r.get('lily_vs_hf_f32')
+extra=f\" | floor hf-bf16 vs hf-f32: rel_l2 {f['rel_l2']:.3e} top1 {f['top1']:.3f}; lily vs hf-f32: rel_l2 {g['rel_l2']:.3e} top1 {g['top1']:.3f}\" if f else ''
+f=r.get('hf_eager_vs_hf_sdpa'); g=r.get('lily_vs_hf_sdpa')
+extra+=f\" | hf-eager vs hf-sdpa: rel_l2 {f['rel_l2']:.3e} top1 {f['top1']:.3f}; lily vs hf-sdpa: rel_l2 {g['rel_l2']:.3e} top1 {g['top1']:.3f}\" if f else ''
+print(f\"e2e $name T=$n: all rel_l2 {r['all']['rel_l2']:.3e} top1 {r['all']['top1']:.3f} (lily bf16 {r['all']['top1_lily_bf16']:.3f}, hf ties {r['all']['ref_tied_rows']}) | prefill rel_l2 {r['prefill']['rel_l2']:.3e} top1 {r['prefill']['top1']:.3f} | decode rel_l2 {d.get('rel_l2',0):.3e} top1 {d.get('top1',0):.3f} | lily $((t1 - t0))s{extra}\")")"
+  else
+    note "e2e $name: hf_compare FAILED (see e2e-$name.log)"
+  fi
+  rm -f "/tmp/lily-$name.safetensors"
+}
+
+case "$mode" in
+build)
+  cargo build --release -p lily-cli
+  mkdir -p .carry
+  cp target/release/lily .carry/lily
+  rm -f .carry/test-*
+  for t in $(cargo test --release -p lily-cuda --no-run --message-format=json 2>/dev/null |
+             python3 -c "import sys,json
+for l in sys.stdin:
+  m=json.loads(l)
+  if m.get('reason')=='compiler-artifact' and m.get('executable') and m['target']['kind']!=['bin']: print(m['executable'])"); do
+    cp "$t" ".carry/test-$(basename "$t" | sed 's/-[0-9a-f]*$//')"
+  done
+  ls -la .carry
+  exit 0
+  ;;
+check)
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+  for t in .carry/test-*; do
+    if "$t" --test-threads 1 --nocapture > "$out/$(basename "$t").log" 2>&1; then
+      note "$(basename "$t"): $(grep -E '^test result' "$out/$(basename "$t").log" | tail -1)"
+    else
+      note "$(basename "$t"): FAILED: $(grep -E 'panicked|FAILED' "$out/$(basename "$t").log" | head -3 | tr '\n' ' ')"
+    fi
+  done
+  grep -h "full4:" "$out"/test-*.log | head -2 | while read -r l; do note "$l"; done
+  e2e full4 1100 1050 --hf-f32
+  "$lily" bench --device cuda --synthetic full4 --prompt-len 512,4096 --context 512 --gen 32 --runs 2 > "$out/bench-full4.txt" 2>&1 \
+    && note "bench full4: $(tr '\n' ' ' < "$out/bench-full4.txt" | sed 's/  */ /g' | cut -c1-400)" || note "bench full4 FAILED"
+  ;;
+full)
+  "$lily" bench --device cuda --synthetic full --runs 3 --json > "$out/bench-full.json" 2> "$out/bench-full.log" \
+    && note "bench full: $(cat "$out/bench-full.json")" || note "bench full FAILED: $(tail -3 "$out/bench-full.log")"
+  e2e full 1100 1050
+  ;;
+floor)
+  e2e full4 1100 1050 "--hf-f32 --hf-sdpa"
+  e2e full 1100 1050 "--hf-sdpa"
+  ;;
+peer)
+  (cd tools && PYTHONUNBUFFERED=1 python3 hf_bench.py --synthetic full --lily ../.carry/lily --out "$out/hf-bench.json" > "$out/hf-bench.log" 2>&1) \
+    && note "transformers: $(cat "$out/hf-bench.json")" || note "hf bench FAILED: $(tail -3 "$out/hf-bench.log")"
+  ;;
+esac
+echo
+echo "==== summary ($mode) ===="
+printf '%s\n' "${summary[@]}"
