@@ -14,12 +14,12 @@
 // and are never drawn. NaN logits and ids >= valid are never candidates.
 //
 // 1. One pass over the logits: the max key, the number of real logits, and
-//    each thread's own best key.
+//    each thread's best four tokens (a register list; its best is its "best").
 // 2. A window [W, inf) of keys that provably holds every token that can be
 //    drawn: for top-k (k <= 1024) W = the k-th best of the 1024 per-thread
 //    bests (so >= k tokens lie above it); without top-k, W = max(the zero-mass
-//    bound, the min-p bound, and for top-p a point whose mass already reaches
-//    top_p * Z, again from the per-thread bests, Z from one more pass).
+//    bound, the min-p bound, and for top-p a point above which the per-thread
+//    top-4 lists (step 3) already hold top_p * Z, Z from one more pass).
 // 3. The window goes to shared memory: from per-thread top-4 lists kept in
 //    step 1 when no thread can have dropped a window token, else by one more
 //    pass. If it holds at most
@@ -512,12 +512,18 @@ extern "C" __global__ __launch_bounds__(SMP_THREADS) void sample_kernel(const fl
             });
             z_all = smp_sum(z);
             const u64 target = smp_ceil_frac(top_p, z_all);
-            const u64 my = mine >= w0 ? mass(mine) : 0ull;
-            if (smp_sum(my) >= target) {  // per-thread bests alone reach top_p: the nucleus starts above
+            // the per-thread lists (4096 distinct tokens) alone reach top_p: the nucleus starts above
+            const unsigned q0 = (unsigned)(e0 >> 32), q1 = (unsigned)(e1 >> 32), q2 = (unsigned)(e2 >> 32),
+                           q3 = (unsigned)(e3 >> 32);
+            const u64 m0 = q0 >= w0 ? mass(q0) : 0ull, m1 = q1 >= w0 ? mass(q1) : 0ull,
+                      m2 = q2 >= w0 ? mass(q2) : 0ull, m3 = q3 >= w0 ? mass(q3) : 0ull;
+            if (smp_sum(m0 + m1 + m2 + m3) >= target) {
                 unsigned lo = w0, hi = kmax + 1u;
                 while (hi - lo > 1u) {
                     const unsigned mid = lo + ((hi - lo) >> 1);
-                    if (smp_sum(mine >= mid ? my : 0ull) >= target) lo = mid; else hi = mid;
+                    const u64 my = (q0 >= mid ? m0 : 0ull) + (q1 >= mid ? m1 : 0ull) + (q2 >= mid ? m2 : 0ull) +
+                                   (q3 >= mid ? m3 : 0ull);
+                    if (smp_sum(my) >= target) lo = mid; else hi = mid;
                 }
                 W = lo;
             }

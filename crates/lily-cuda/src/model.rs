@@ -9,6 +9,7 @@ use anyhow::{bail, Result};
 use lily_model::{Config, LayerKind, Weights};
 
 use crate::gpu::{Arg, DevBuf, Gpu};
+use crate::sampling::{sample_into, GpuSampleParams};
 use crate::weights::{upload, weight_bytes, DevLayer, DevMixer, DevWeights};
 
 #[derive(Clone, Debug)]
@@ -459,23 +460,36 @@ impl CudaModel {
         self.gpu.launch("copy_i32_kernel", (1, 1, 1), (32, 1, 1), 0, &[Arg::Ptr(s.next.ptr), Arg::Ptr(s.ids.ptr)])?;
         self.layers(st, 1)?;
         st.pos += 1;
-        self.pick_row(0)
+        self.pick_row(0, self.cfg.vocab_size, &GpuSampleParams::greedy(), 0.0)
     }
 
     /// Prefill, then the greedy choice for the next token (left in `s.next`).
     pub fn prefill_greedy(&self, st: &mut CudaState, tokens: &[u32]) -> Result<u32> {
+        self.prefill_sample(st, tokens, self.cfg.vocab_size, &GpuSampleParams::greedy(), 0.0)
+    }
+
+    /// Prefill, then choose the next token on the device among the first
+    /// `valid` ids (`u` uniform in [0, 1) drives a sampled choice).
+    pub fn prefill_sample(&self, st: &mut CudaState, tokens: &[u32], valid: usize, p: &GpuSampleParams, u: f32) -> Result<u32> {
         let mut last = 0;
         self.run_chunks(st, tokens, &mut |n| {
             last = n;
             Ok(())
         })?;
-        self.pick_row(last.max(1) - 1)
+        self.pick_row(last.max(1) - 1, valid, p, u)
     }
 
-    fn pick_row(&self, row: usize) -> Result<u32> {
+    /// Feed `token`, then choose the next one on the device; only its id
+    /// comes back to the host.
+    pub fn decode_sample(&self, st: &mut CudaState, token: u32, valid: usize, p: &GpuSampleParams, u: f32) -> Result<u32> {
+        self.run_chunks(st, &[token], &mut |_| Ok(()))?;
+        self.pick_row(0, valid, p, u)
+    }
+
+    fn pick_row(&self, row: usize, valid: usize, p: &GpuSampleParams, u: f32) -> Result<u32> {
         let s = &self.s;
         self.head(row, 1, s.logits.ptr)?;
-        self.gpu.launch("argmax_kernel", (1, 1, 1), (1024, 1, 1), 0, &[Arg::Ptr(s.logits.ptr), Arg::I32(self.cfg.vocab_size as i32), Arg::Ptr(s.next.ptr)])?;
+        sample_into(&self.gpu, s.logits.ptr, valid.min(self.cfg.vocab_size), p, u, s.next.ptr)?;
         Ok(self.gpu.download::<i32>(s.next.ptr, 1)?[0] as u32)
     }
 }
