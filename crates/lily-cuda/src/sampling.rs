@@ -85,7 +85,13 @@ pub fn sample_into(gpu: &Gpu, logits: u64, valid: usize, p: &GpuSampleParams, u:
     }
     let block = (SAMPLE_THREADS, 1, 1);
     if p.is_greedy() {
-        return gpu.launch("argmax_kernel", (1, 1, 1), block, 0, &[Arg::Ptr(logits), Arg::I32(valid as i32), Arg::Ptr(out)]);
+        return gpu.launch(
+            "argmax_kernel",
+            (1, 1, 1),
+            block,
+            0,
+            &[Arg::Ptr(logits), Arg::I32(valid as i32), Arg::Ptr(out)],
+        );
     }
     let u = if u.is_finite() { u.clamp(0.0, ONE_BELOW) } else { 0.0 };
     gpu.launch(
@@ -134,7 +140,10 @@ mod tests {
     fn kernels_are_declared() {
         let src = crate::gpu::KERNEL_FILES.iter().find(|(f, _)| *f == "sampling").unwrap().1;
         for name in ["argmax_kernel", "sample_kernel"] {
-            assert!(src.contains(&format!("extern \"C\" __global__ void {name}(")), "{name} not found by kernel_names()");
+            assert!(
+                src.contains(&format!("extern \"C\" __global__ void {name}(")),
+                "{name} not found by kernel_names()"
+            );
         }
     }
 }

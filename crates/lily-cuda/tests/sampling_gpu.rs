@@ -215,7 +215,11 @@ fn check_draws(what: &str, picks: &[(f32, u32)], kept: &(Vec<u32>, Vec<f64>), id
             differ += 1;
         }
     }
-    assert!(differ <= picks.len() / 200, "{what}: {differ} of {} draws differ from the host's draw for the same u", picks.len());
+    assert!(
+        differ <= picks.len() / 200,
+        "{what}: {differ} of {} draws differ from the host's draw for the same u",
+        picks.len()
+    );
     check_frequencies(what, picks, kept);
 }
 
@@ -349,7 +353,8 @@ fn large_top_k_uses_the_wide_path() {
         let p = GpuSampleParams { temperature: 1.0, top_k: k, top_p, min_p: 0.0 };
         let kept = host_kept(&l, &p);
         let picks = draws(&dev, &p, 2000, k as u64);
-        let topk: std::collections::HashSet<u32> = host_kept(&l, &GpuSampleParams { top_p: 1.0, ..p }).0.into_iter().collect();
+        let topk: std::collections::HashSet<u32> =
+            host_kept(&l, &GpuSampleParams { top_p: 1.0, ..p }).0.into_iter().collect();
         assert!(picks.iter().all(|(_, id)| topk.contains(id)), "top_k {k}: drew outside the top k");
         // k <= 1024 with a window that fits sorts like the CPU; otherwise id order
         let id_order = picks.iter().any(|&(u, id)| id != host_pick(&kept, u as f64));
