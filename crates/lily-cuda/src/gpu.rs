@@ -19,6 +19,7 @@ pub const KERNEL_FILES: &[(&str, &str)] = &[
     ("gemv", include_str!("../kernels/gemv.cu")),
     ("attention", include_str!("../kernels/attention.cu")),
     ("gdn", include_str!("../kernels/gdn.cu")),
+    ("gdn_chunked", include_str!("../kernels/gdn_chunked.cu")),
     ("moe", include_str!("../kernels/moe.cu")),
     ("sampling", include_str!("../kernels/sampling.cu")),
 ];

@@ -2,6 +2,7 @@
 //! at start-up by NVRTC), cuBLAS for prefill GEMMs, and the whole forward pass
 //! on the GPU.
 
+pub mod gdn;
 pub mod gpu;
 pub mod sampling;
 pub mod model;

@@ -228,17 +228,34 @@ async fn model(State(app): State<AppState>, Path(id): Path<String>) -> Response 
 }
 
 /// The body as JSON, at most `limit` bytes.
+///
+/// An oversized body is still read (and dropped) up to a bound before the 413
+/// goes out: closing a connection with unread data resets it, and the client
+/// would see a broken pipe instead of the answer.
 async fn read_json(req: Request, limit: usize) -> Result<Value, ApiError> {
     let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|s| s.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(ApiError::too_large(limit));
-    }
+    let drain_cap = limit.saturating_mul(4).max(8 << 20);
     let mut stream = req.into_body().into_data_stream();
+    let too_large = |mut stream: axum::body::BodyDataStream, mut seen: usize| async move {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while seen <= drain_cap {
+            match tokio::time::timeout_at(deadline, stream.next()).await {
+                Ok(Some(Ok(chunk))) => seen += chunk.len(),
+                _ => break,
+            }
+        }
+        Err(ApiError::too_large(limit))
+    };
+    if declared.is_some_and(|n| n > limit as u64) {
+        return if declared.is_some_and(|n| n <= drain_cap as u64) { too_large(stream, 0).await } else { Err(ApiError::too_large(limit)) };
+    }
     let mut buf = Vec::new();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| ApiError::bad_request(format!("could not read the request body: {e}")))?;
         if buf.len() + chunk.len() > limit {
-            return Err(ApiError::too_large(limit));
+            let seen = buf.len() + chunk.len();
+            drop(buf);
+            return too_large(stream, seen).await;
         }
         buf.extend_from_slice(&chunk);
     }

@@ -1,0 +1,169 @@
+//! Chunked Gated DeltaNet prefill (kernels/gdn_chunked.cu): the same function
+//! as `gdn_recurrent_kernel` (same inputs, same state in and out, same output),
+//! computed 64 tokens at a time in the UT-transform form of lily-cpu's
+//! `GdnCore::head_chunked`.
+//!
+//! Two kernels per pass, on the Gpu's stream:
+//! 1. `gdn_chunk_prep_kernel`, grid (chunks in the pass, Hv), block 256: per
+//!    (chunk, v head), in parallel, the state-independent part: gates, the
+//!    cumulative log-decay, A, T = (I + A)^-1, U = T beta v, W = T beta k e^gam,
+//!    the decayed q and k and the masked decayed Q K^T, into a scratch record.
+//! 2. `gdn_chunk_scan_kernel`, grid (Hv, Dv / 32), block 256: per (v head, 32
+//!    state columns), sequentially over the pass's chunks: v' = U - W S, the
+//!    output, and the state update, with S[:, cols] in shared memory.
+//!
+//! A pass covers at most as many chunks as the scratch buffer holds records
+//! for; passes run back to back on the stream, the state carrying over, so any
+//! T works with a bounded scratch buffer.
+
+use anyhow::{bail, Result};
+
+use crate::gpu::{Arg, DevBuf, Gpu};
+
+/// Tokens per chunk (as the CPU reference, HF and fla).
+pub const GDN_CHUNK: usize = 64;
+/// The key head dimension the kernels are compiled for.
+pub const GDN_DK: usize = 128;
+/// Chunks per pass when the launcher allocates the scratch itself (and what
+/// `gdn_chunked_scratch_bytes` sizes for): 2048 tokens, 1024 prep blocks at
+/// Hv = 32, 151 MB of scratch at Hv = 32, Dv = 128.
+pub const GDN_MAX_PASS_CHUNKS: usize = 32;
+/// Threads per block of both kernels (the kernels assume exactly this).
+const THREADS: u32 = 256;
+
+/// f32 values of one (chunk, head) scratch record: W, Qg, Kd [64][128],
+/// U [64][Dv], P [64][64], gam_last + 3 padding (kernels/gdn_chunked.cu,
+/// GDN_CHUNK_FLOATS).
+pub fn gdn_chunk_record_floats(dv: usize) -> usize {
+    GDN_CHUNK * (3 * GDN_DK + dv) + GDN_CHUNK * GDN_CHUNK + 4
+}
+
+/// Bytes of scratch `gdn_chunked_prefill` uses (and allocates itself when
+/// given none) for `t` tokens: one record per (chunk, v head) for
+/// min(ceil(t / 64), GDN_MAX_PASS_CHUNKS) chunks. A buffer of this size serves
+/// every t' <= t, and in fact any t (more passes).
+pub fn gdn_chunked_scratch_bytes(t: usize, hv: usize, dv: usize) -> usize {
+    t.div_ceil(GDN_CHUNK).min(GDN_MAX_PASS_CHUNKS) * hv * gdn_chunk_record_floats(dv) * 4
+}
+
+/// The shapes the chunked kernels support: Dk = 128, Dv a positive multiple
+/// of 32, Hv a positive multiple of Hk.
+pub fn gdn_chunked_check(hk: usize, hv: usize, dk: usize, dv: usize) -> Result<()> {
+    if dk != GDN_DK {
+        bail!("gdn_chunked: key head dim must be {GDN_DK}, got {dk}");
+    }
+    if dv == 0 || !dv.is_multiple_of(32) {
+        bail!("gdn_chunked: value head dim must be a positive multiple of 32, got {dv}");
+    }
+    if hk == 0 || hv == 0 || !hv.is_multiple_of(hk) {
+        bail!("gdn_chunked: value heads ({hv}) must be a positive multiple of key heads ({hk})");
+    }
+    if hv > 65_535 || dv / 32 > 65_535 {
+        bail!("gdn_chunked: too many heads or columns for the grid (Hv {hv}, Dv {dv})");
+    }
+    Ok(())
+}
+
+/// Run the GDN core over `t` tokens in the chunked form, on the Gpu's stream.
+///
+/// Device pointers, all f32, as `gdn_recurrent_kernel`:
+/// - `conv` [t, C], C = 2*hk*128 + hv*dv: per token q | k | v after conv + SiLU,
+///   not normalised (the kernel L2-normalises q and k per head and scales q by
+///   128^-1/2);
+/// - `ba` [t, 2*hv]: b (beta = sigmoid(b)) then a (g = -exp(a_log) softplus(a + dt_bias));
+/// - `a_log`, `dt_bias` [hv];
+/// - `s` [hv, 128, dv]: the initial state, overwritten with the final state;
+/// - `o` [t, hv, dv]: the output (must not overlap `conv`).
+///
+/// `scratch`: a buffer of at least `gdn_chunk_record_floats(dv) * hv * 4`
+/// bytes (one chunk; 16-byte aligned) — a pass covers as many chunks as it
+/// holds — or None: the launcher allocates `gdn_chunked_scratch_bytes(t, hv, dv)`
+/// bytes, and synchronises the stream before freeing them.
+#[allow(clippy::too_many_arguments)]
+pub fn gdn_chunked_prefill(
+    gpu: &Gpu,
+    scratch: Option<&DevBuf>,
+    conv: u64,
+    ba: u64,
+    a_log: u64,
+    dt_bias: u64,
+    s: u64,
+    o: u64,
+    t: usize,
+    hk: usize,
+    hv: usize,
+    dv: usize,
+) -> Result<()> {
+    gdn_chunked_check(hk, hv, GDN_DK, dv)?;
+    if t == 0 {
+        return Ok(());
+    }
+    if t > i32::MAX as usize - GDN_CHUNK {
+        bail!("gdn_chunked: {t} tokens is too many");
+    }
+    let chunks = t.div_ceil(GDN_CHUNK);
+    let per_chunk = hv * gdn_chunk_record_floats(dv) * 4;
+    let owned;
+    let (buf, pass_chunks) = match scratch {
+        Some(b) => {
+            let cap = b.bytes / per_chunk;
+            if cap == 0 {
+                bail!("gdn_chunked: scratch of {} bytes is below one chunk's {per_chunk}", b.bytes);
+            }
+            if b.ptr % 16 != 0 {
+                bail!("gdn_chunked: scratch must be 16-byte aligned");
+            }
+            (b.ptr, cap.min(chunks))
+        }
+        None => {
+            owned = gpu.alloc(gdn_chunked_scratch_bytes(t, hv, dv))?;
+            (owned.ptr, chunks.min(GDN_MAX_PASS_CHUNKS))
+        }
+    };
+    let (hk_i, hv_i, dv_i) = (hk as i32, hv as i32, dv as i32);
+    let mut c = 0;
+    while c < chunks {
+        let np = pass_chunks.min(chunks - c);
+        let t0 = c * GDN_CHUNK;
+        let t1 = t.min((c + np) * GDN_CHUNK);
+        gpu.launch(
+            "gdn_chunk_prep_kernel",
+            (np as u32, hv as u32, 1),
+            (THREADS, 1, 1),
+            0,
+            &[
+                Arg::Ptr(conv),
+                Arg::Ptr(ba),
+                Arg::Ptr(a_log),
+                Arg::Ptr(dt_bias),
+                Arg::Ptr(buf),
+                Arg::I32(t0 as i32),
+                Arg::I32(t1 as i32),
+                Arg::I32(hk_i),
+                Arg::I32(hv_i),
+                Arg::I32(dv_i),
+            ],
+        )?;
+        gpu.launch(
+            "gdn_chunk_scan_kernel",
+            (hv as u32, (dv / 32) as u32, 1),
+            (THREADS, 1, 1),
+            0,
+            &[
+                Arg::Ptr(buf),
+                Arg::Ptr(s),
+                Arg::Ptr(o),
+                Arg::I32(t0 as i32),
+                Arg::I32(t1 as i32),
+                Arg::I32(hv_i),
+                Arg::I32(dv_i),
+            ],
+        )?;
+        c += np;
+    }
+    if scratch.is_none() {
+        // The kernels must finish before `owned` is freed.
+        gpu.sync()?;
+    }
+    Ok(())
+}

@@ -1,0 +1,227 @@
+//! The chunked GDN prefill kernels (kernels/gdn_chunked.cu through
+//! `lily_cuda::gdn::gdn_chunked_prefill`) against (a) the CPU reference
+//! `lily_cpu::ops::gdn::GdnCore` in its recurrent form and (b) the GPU's own
+//! `gdn_recurrent_kernel`, at the released sizes (Hk 16, Hv 32, Dk = Dv = 128),
+//! across chunk boundaries, from a non-zero initial state. Without a GPU every
+//! test prints that it skips and passes.
+//!
+//! Tolerances: everything is f32 on both sides; the chunked form sums the same
+//! terms as the recurrence in another order (the UT transform, per-chunk
+//! matrix products, decays as exp of cumulative sums instead of running
+//! products). A host emulation of these kernels gave relative L2 errors of
+//! ~5e-7 for o and S; an algebraic mistake (a wrong decay, a chunk boundary, a
+//! head mapping) gives 1e-2 or more. Hence 1e-4 for the output. The final
+//! state gets the same 1e-4: it is an f32 sum over the same terms as the
+//! recurrent state, with every decay factor <= 1, so rounding does not grow
+//! with T (decays of at most 0.999 forget an error within a few thousand
+//! tokens); it is compared relative to the whole state's L2 norm, which the
+//! random initial state keeps well away from zero.
+
+use lily_cpu::ops::gdn::{l2norm_rows, GdnCore, GdnForm};
+use lily_cpu::ops::{sigmoid, softplus};
+use lily_cuda::gdn::{gdn_chunk_record_floats, gdn_chunked_prefill, gdn_chunked_scratch_bytes, GDN_DK};
+use lily_cuda::gpu::{Arg, Gpu};
+use lily_model::tensor::Procedural;
+
+const HK: usize = 16;
+const HV: usize = 32;
+const DK: usize = 128;
+const DV: usize = 128;
+const C: usize = 2 * HK * DK + HV * DV;
+const TOL_O: f64 = 1e-4;
+const TOL_S: f64 = 1e-4;
+
+fn gpu() -> Option<Gpu> {
+    if let Err(e) = lily_cuda::gpu::cuda_available() {
+        eprintln!("skipping: no CUDA ({e})");
+        return None;
+    }
+    // libcuda is here: a failure now is a failure, not a skip.
+    Some(Gpu::new(0).unwrap_or_else(|e| panic!("CUDA present but unusable: {e:#}")))
+}
+
+/// `n` values uniform in [mean - std*sqrt3, mean + std*sqrt3) (bf16-rounded),
+/// an exact zero nudged away.
+fn random(n: usize, seed: u64, mean: f32, std: f32) -> Vec<f32> {
+    let p = Procedural { seed, mean, std };
+    (0..n as u64).map(|i| p.value(i)).map(|x| if x == 0.0 { 1e-3 } else { x }).collect()
+}
+
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den).sqrt()
+}
+
+/// Inputs of one GDN layer's core for `t` tokens, as the kernels take them.
+struct Inputs {
+    t: usize,
+    /// [t, C] post-conv q | k | v, ~uniform with unit variance
+    conv: Vec<f32>,
+    /// [t, 2*Hv] b | a
+    ba: Vec<f32>,
+    a_log: Vec<f32>,
+    dt_bias: Vec<f32>,
+    /// [Hv, Dk, Dv]
+    s0: Vec<f32>,
+}
+
+fn inputs(t: usize, seed: u64) -> Inputs {
+    let conv = random(t * C, seed, 0.0, 1.0);
+    let a_log = random(HV, seed + 1, 0.0, 0.3);
+    let dt_bias = random(HV, seed + 2, 0.0, 0.6);
+    // beta = sigmoid(b) uniform in 0.1 .. 0.9
+    let beta = random(t * HV, seed + 3, 0.5, 0.8 / 12f32.sqrt());
+    // per-token decay exp(g) uniform in 0.5 .. 0.999, through a = softplus^-1(-ln(decay) / exp(a_log)) - dt_bias
+    let decay = random(t * HV, seed + 4, 0.7495, 0.499 / 12f32.sqrt());
+    let mut ba = vec![0f32; t * 2 * HV];
+    for ti in 0..t {
+        for j in 0..HV {
+            let bt = beta[ti * HV + j].clamp(0.1, 0.9) as f64;
+            ba[ti * 2 * HV + j] = (bt / (1.0 - bt)).ln() as f32;
+            let d = decay[ti * HV + j].clamp(0.5, 0.999) as f64;
+            let sp = -d.ln() / (a_log[j] as f64).exp();
+            ba[ti * 2 * HV + HV + j] = (sp.exp_m1().ln() - dt_bias[j] as f64) as f32;
+        }
+    }
+    let s0 = random(HV * DK * DV, seed + 5, 0.0, 0.5);
+    Inputs { t, conv, ba, a_log, dt_bias, s0 }
+}
+
+/// The CPU reference, its inputs built exactly as `lily_cpu::ops::gdn::gdn`
+/// builds them (f32 throughout): (o [t, Hv, Dv], final state).
+fn cpu_reference(x: &Inputs) -> (Vec<f32>, Vec<f32>) {
+    let t = x.t;
+    let beta: Vec<f32> = (0..t * HV).map(|i| sigmoid(x.ba[(i / HV) * 2 * HV + i % HV])).collect();
+    let g: Vec<f32> = (0..t * HV)
+        .map(|i| {
+            let j = i % HV;
+            -x.a_log[j].exp() * softplus(x.ba[(i / HV) * 2 * HV + HV + j] + x.dt_bias[j])
+        })
+        .collect();
+    let (kd, vd) = (HK * DK, HV * DV);
+    let mut q = vec![0f32; t * kd];
+    let mut k = vec![0f32; t * kd];
+    let mut v = vec![0f32; t * vd];
+    for ti in 0..t {
+        let row = &x.conv[ti * C..(ti + 1) * C];
+        q[ti * kd..(ti + 1) * kd].copy_from_slice(&row[..kd]);
+        k[ti * kd..(ti + 1) * kd].copy_from_slice(&row[kd..2 * kd]);
+        v[ti * vd..(ti + 1) * vd].copy_from_slice(&row[2 * kd..]);
+    }
+    l2norm_rows(&mut q, DK, (DK as f32).powf(-0.5));
+    l2norm_rows(&mut k, DK, 1.0);
+    let core = GdnCore { t, hk: HK, hv: HV, dk: DK, dv: DV, q: &q, k: &k, v: &v, g: &g, beta: &beta };
+    let mut s = x.s0.clone();
+    let o = core.run(&mut s, GdnForm::Recurrent);
+    (o, s)
+}
+
+/// How the chunked launcher gets its scratch.
+#[derive(Clone, Copy, Debug)]
+enum Scratch {
+    /// None: the launcher allocates it
+    Own,
+    /// a buffer of `gdn_chunked_scratch_bytes(t, ..)`
+    Sized,
+    /// a buffer of this many chunks: several passes
+    Chunks(usize),
+}
+
+/// (o, final state) of the chunked kernels, or of `gdn_recurrent_kernel`.
+fn run_gpu(g: &Gpu, x: &Inputs, chunked: Option<Scratch>) -> (Vec<f32>, Vec<f32>) {
+    let t = x.t;
+    let conv = g.upload_new(&x.conv).unwrap();
+    let ba = g.upload_new(&x.ba).unwrap();
+    let a_log = g.upload_new(&x.a_log).unwrap();
+    let dt_bias = g.upload_new(&x.dt_bias).unwrap();
+    let s = g.upload_new(&x.s0).unwrap();
+    let o = g.upload_new(&vec![f32::NAN; t * HV * DV]).unwrap();
+    match chunked {
+        Some(how) => {
+            let buf = match how {
+                Scratch::Own => None,
+                Scratch::Sized => Some(g.alloc(gdn_chunked_scratch_bytes(t, HV, DV)).unwrap()),
+                Scratch::Chunks(n) => Some(g.alloc(n * HV * gdn_chunk_record_floats(DV) * 4).unwrap()),
+            };
+            gdn_chunked_prefill(g, buf.as_ref(), conv.ptr, ba.ptr, a_log.ptr, dt_bias.ptr, s.ptr, o.ptr, t, HK, HV, DV)
+                .unwrap();
+            g.sync().unwrap();
+        }
+        None => {
+            g.launch(
+                "gdn_recurrent_kernel",
+                (HV as u32, (DV / 32) as u32, 1),
+                (32, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(conv.ptr),
+                    Arg::Ptr(ba.ptr),
+                    Arg::Ptr(a_log.ptr),
+                    Arg::Ptr(dt_bias.ptr),
+                    Arg::Ptr(s.ptr),
+                    Arg::Ptr(o.ptr),
+                    Arg::I32(t as i32),
+                    Arg::I32(HK as i32),
+                    Arg::I32(HV as i32),
+                    Arg::I32(DV as i32),
+                ],
+            )
+            .unwrap();
+            g.sync().unwrap();
+        }
+    }
+    (g.download(o.ptr, t * HV * DV).unwrap(), g.download(s.ptr, HV * DK * DV).unwrap())
+}
+
+fn check(g: &Gpu, t: usize, seed: u64, how: Scratch) {
+    let x = inputs(t, seed);
+    let (o_cpu, s_cpu) = cpu_reference(&x);
+    let (o_rec, s_rec) = run_gpu(g, &x, None);
+    let (o_chk, s_chk) = run_gpu(g, &x, Some(how));
+    assert!(o_chk.iter().chain(&s_chk).all(|v| v.is_finite()), "T={t}: non-finite output or state");
+    let max_o = o_cpu.iter().fold(0f32, |m, v| m.max(v.abs()));
+    assert!(max_o > 0.01, "degenerate test: outputs near zero (max |o| {max_o})");
+    let (eo_cpu, es_cpu) = (rel_l2(&o_chk, &o_cpu), rel_l2(&s_chk, &s_cpu));
+    let (eo_rec, es_rec) = (rel_l2(&o_chk, &o_rec), rel_l2(&s_chk, &s_rec));
+    eprintln!(
+        "T={t} ({how:?}): chunked vs CPU: o {eo_cpu:.2e}, S {es_cpu:.2e}; vs gdn_recurrent_kernel: o {eo_rec:.2e}, S {es_rec:.2e}"
+    );
+    assert!(eo_cpu < TOL_O, "T={t}: output vs CPU, rel L2 {eo_cpu:.3e}");
+    assert!(es_cpu < TOL_S, "T={t}: state vs CPU, rel L2 {es_cpu:.3e}");
+    assert!(eo_rec < TOL_O, "T={t}: output vs gdn_recurrent_kernel, rel L2 {eo_rec:.3e}");
+    assert!(es_rec < TOL_S, "T={t}: state vs gdn_recurrent_kernel, rel L2 {es_rec:.3e}");
+}
+
+#[test]
+fn chunked_matches_recurrent_at_released_sizes() {
+    let Some(g) = gpu() else { return };
+    assert_eq!(GDN_DK, DK);
+    for (i, (t, how)) in
+        [(1, Scratch::Own), (63, Scratch::Sized), (64, Scratch::Own), (65, Scratch::Sized), (1000, Scratch::Own)]
+            .into_iter()
+            .enumerate()
+    {
+        check(&g, t, 0x6D17 + 16 * i as u64, how);
+    }
+}
+
+#[test]
+fn chunked_passes_carry_the_state() {
+    // A scratch buffer of 3 chunks: T = 1000 runs as 6 passes (3+3+3+3+3+1 chunks).
+    let Some(g) = gpu() else { return };
+    check(&g, 1000, 0xC0FFEE, Scratch::Chunks(3));
+}
+
+#[test]
+fn chunked_detects_a_wrong_state() {
+    // The comparison can fail: a different initial state gives another output.
+    let Some(g) = gpu() else { return };
+    let x = inputs(65, 7);
+    let mut y = inputs(65, 7);
+    y.s0 = random(HV * DK * DV, 8, 0.0, 0.5);
+    let (o_x, _) = run_gpu(&g, &x, Some(Scratch::Own));
+    let (o_y, _) = run_gpu(&g, &y, Some(Scratch::Own));
+    assert!(rel_l2(&o_y, &o_x) > 1e-2);
+}
