@@ -108,7 +108,10 @@ pub fn gdn_chunked_prefill(
         Some(b) => {
             let cap = b.bytes / per_chunk;
             if cap == 0 {
-                bail!("gdn_chunked: scratch of {} bytes is below one chunk's {per_chunk}", b.bytes);
+                bail!(
+                    "gdn_chunked: scratch of {} bytes is below one chunk's {per_chunk}",
+                    b.bytes
+                );
             }
             if b.ptr % 16 != 0 {
                 bail!("gdn_chunked: scratch must be 16-byte aligned");

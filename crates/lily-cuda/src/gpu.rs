@@ -93,26 +93,43 @@ impl Gpu {
         cuda_available()?;
         let ctx = CudaContext::new(ordinal).map_err(|e| anyhow!("CUDA device {ordinal}: {e:?}"))?;
         let (major, minor) = (
-            ctx.attribute(drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
-            ctx.attribute(drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+            ctx.attribute(
+                drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+            )?,
+            ctx.attribute(
+                drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+            )?,
         );
         if major < 9 {
             bail!("Lily's CUDA kernels target Hopper (compute capability 9.0); this GPU is {major}.{minor}");
         }
         let name = ctx.name().unwrap_or_else(|_| "CUDA device".into());
-        let stream = ctx.new_stream().map_err(|e| anyhow!("creating a stream: {e:?}"))?;
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| anyhow!("creating a stream: {e:?}"))?;
         let blas = cudarc::cublas::result::create_handle().map_err(|e| anyhow!("cuBLAS: {e:?}"))?;
         // SAFETY: handle and stream are valid; the stream outlives the handle's use.
-        unsafe { cudarc::cublas::result::set_stream(blas, stream.cu_stream() as _) }.map_err(|e| anyhow!("cuBLAS: {e:?}"))?;
+        unsafe { cudarc::cublas::result::set_stream(blas, stream.cu_stream() as _) }
+            .map_err(|e| anyhow!("cuBLAS: {e:?}"))?;
         let mut funcs = HashMap::new();
         for (file, ptx, names) in compile_kernels()? {
-            let module = ctx.load_module(ptx).map_err(|e| anyhow!("loading kernels/{file}.cu: {e:?}"))?;
+            let module = ctx
+                .load_module(ptx)
+                .map_err(|e| anyhow!("loading kernels/{file}.cu: {e:?}"))?;
             for name in names {
-                let f = module.load_function(&name).map_err(|e| anyhow!("kernel {name}: {e:?}"))?;
+                let f = module
+                    .load_function(&name)
+                    .map_err(|e| anyhow!("kernel {name}: {e:?}"))?;
                 funcs.insert(name, f);
             }
         }
-        Ok(Gpu { ctx, stream, blas, funcs, name })
+        Ok(Gpu {
+            ctx,
+            stream,
+            blas,
+            funcs,
+            name,
+        })
     }
 
     pub fn free_memory(&self) -> Result<(usize, usize)> {
@@ -126,7 +143,8 @@ impl Gpu {
             return Ok(DevBuf { ptr: 0, bytes: 0 });
         }
         // SAFETY: plain device allocation, freed by DevBuf::drop.
-        let ptr = unsafe { drv::malloc_sync(bytes) }.map_err(|e| anyhow!("cuMemAlloc of {bytes} bytes: {e:?}"))?;
+        let ptr = unsafe { drv::malloc_sync(bytes) }
+            .map_err(|e| anyhow!("cuMemAlloc of {bytes} bytes: {e:?}"))?;
         Ok(DevBuf { ptr, bytes })
     }
 
@@ -159,12 +177,24 @@ impl Gpu {
     }
 
     pub fn sync(&self) -> Result<()> {
-        self.stream.synchronize().map_err(|e| anyhow!("CUDA error: {e:?}"))
+        self.stream
+            .synchronize()
+            .map_err(|e| anyhow!("CUDA error: {e:?}"))
     }
 
     /// Launch `name` on the stream. Arguments in the kernel's order.
-    pub fn launch(&self, name: &str, grid: (u32, u32, u32), block: (u32, u32, u32), smem: u32, args: &[Arg]) -> Result<()> {
-        let f = self.funcs.get(name).with_context(|| format!("no kernel named {name}"))?;
+    pub fn launch(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        let f = self
+            .funcs
+            .get(name)
+            .with_context(|| format!("no kernel named {name}"))?;
         let mut vals: Vec<[u8; 8]> = args
             .iter()
             .map(|a| {
@@ -177,19 +207,39 @@ impl Gpu {
                 b
             })
             .collect();
-        let mut params: Vec<*mut c_void> = vals.iter_mut().map(|v| v.as_mut_ptr() as *mut c_void).collect();
+        let mut params: Vec<*mut c_void> = vals
+            .iter_mut()
+            .map(|v| v.as_mut_ptr() as *mut c_void)
+            .collect();
         self.ctx.bind_to_thread()?;
         // SAFETY: params point at values that live until this call returns; the
         // kernel's signature matches `args` (each launcher in ops.rs owns that).
-        unsafe { drv::launch_kernel(f.cu_function(), grid, block, smem, self.stream.cu_stream(), &mut params) }
-            .map_err(|e| anyhow!("launching {name}: {e:?}"))?;
+        unsafe {
+            drv::launch_kernel(
+                f.cu_function(),
+                grid,
+                block,
+                smem,
+                self.stream.cu_stream(),
+                &mut params,
+            )
+        }
+        .map_err(|e| anyhow!("launching {name}: {e:?}"))?;
         Ok(())
     }
 
     /// C[m, n] (f32, row-major) = A[m, k] (bf16, row-major) . B[n, k]^T (bf16, row-major):
     /// a linear layer over m tokens. cuBLAS is column-major, so this computes
     /// C^T = B . A^T with B transposed.
-    pub fn gemm_bf16_f32(&self, a: u64, b: u64, c: u64, m: usize, n: usize, k: usize) -> Result<()> {
+    pub fn gemm_bf16_f32(
+        &self,
+        a: u64,
+        b: u64,
+        c: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
         let (alpha, beta) = (1.0f32, 0.0f32);
         self.ctx.bind_to_thread()?;
         // SAFETY: pointers hold the stated shapes; cuBLAS runs on self.stream.
@@ -242,7 +292,10 @@ pub fn compile_kernels() -> Result<Vec<(&'static str, cudarc::nvrtc::Ptx, Vec<St
         };
         let ptx = cudarc::nvrtc::compile_ptx_with_opts(&source, opts).map_err(|e| match e {
             cudarc::nvrtc::CompileError::CompileError { log, .. } => {
-                anyhow!("NVRTC could not compile kernels/{file}.cu:\n{}", log.to_string_lossy())
+                anyhow!(
+                    "NVRTC could not compile kernels/{file}.cu:\n{}",
+                    log.to_string_lossy()
+                )
             }
             other => anyhow!("NVRTC could not compile kernels/{file}.cu: {other:?}"),
         })?;
@@ -267,7 +320,10 @@ mod tests {
     #[test]
     fn every_kernel_file_declares_kernels() {
         for (file, src) in super::KERNEL_FILES {
-            assert!(!super::kernel_names(src).is_empty(), "{file}.cu declares no kernels");
+            assert!(
+                !super::kernel_names(src).is_empty(),
+                "{file}.cu declares no kernels"
+            );
         }
     }
 }

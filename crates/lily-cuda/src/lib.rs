@@ -4,8 +4,8 @@
 
 pub mod gdn;
 pub mod gpu;
-pub mod sampling;
 pub mod model;
+pub mod sampling;
 pub mod weights;
 
 pub use model::{CudaModel, CudaOptions, CudaState};

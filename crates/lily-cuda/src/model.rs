@@ -22,7 +22,10 @@ pub struct CudaOptions {
 
 impl Default for CudaOptions {
     fn default() -> Self {
-        CudaOptions { max_seq: 32_768, prefill_chunk: 4096 }
+        CudaOptions {
+            max_seq: 32_768,
+            prefill_chunk: 4096,
+        }
     }
 }
 
@@ -36,24 +39,25 @@ pub struct CudaState {
 
 /// Activation buffers for up to `prefill_chunk` tokens.
 struct Scratch {
-    ids: DevBuf,   // [T] i32
-    pos: DevBuf,   // [1] i32
-    x: DevBuf,     // [T, D] f32 residual
-    h: DevBuf,     // [T, max(D, Hq*Dh, Hv*Dv)] bf16: GEMM inputs
-    big: DevBuf,   // [T, max(q rows, C)] f32: q_proj / in_proj_qkv output
-    z: DevBuf,     // [T, Hv*Dv] f32
-    k: DevBuf,     // [T, Hkv*Dh] f32
-    v: DevBuf,     // [T, Hkv*Dh] f32
-    ba: DevBuf,    // [T, 2 Hv] f32
-    conv: DevBuf,  // [T, C] f32
-    q: DevBuf,     // [T, max(Hq*Dh, Hv*Dv)] f32: roped q, or GDN core output
-    delta: DevBuf, // [T, D] f32 mixer output
-    rl: DevBuf,    // [T, E+1] f32 router logits
-    idx: DevBuf,   // [T, K] i32
-    wts: DevBuf,   // [T, K+1] f32
-    moe_h: DevBuf, // [T, K+1, max(F, Fs)] bf16
+    ids: DevBuf,    // [T] i32
+    pos: DevBuf,    // [1] i32
+    x: DevBuf,      // [T, D] f32 residual
+    h: DevBuf,      // [T, max(D, Hq*Dh, Hv*Dv)] bf16: GEMM inputs
+    big: DevBuf,    // [T, max(q rows, C)] f32: q_proj / in_proj_qkv output
+    z: DevBuf,      // [T, Hv*Dv] f32
+    k: DevBuf,      // [T, Hkv*Dh] f32
+    v: DevBuf,      // [T, Hkv*Dh] f32
+    ba: DevBuf,     // [T, 2 Hv] f32
+    conv: DevBuf,   // [T, C] f32
+    q: DevBuf,      // [T, max(Hq*Dh, Hv*Dv)] f32: roped q, or GDN core output
+    delta: DevBuf,  // [T, D] f32 mixer output
+    rl: DevBuf,     // [T, E+1] f32 router logits
+    idx: DevBuf,    // [T, K] i32
+    wts: DevBuf,    // [T, K+1] f32
+    moe_h: DevBuf,  // [T, K+1, max(F, Fs)] bf16
     logits: DevBuf, // [V] f32
-    next: DevBuf,  // [1] i32 sampled token
+    next: DevBuf,   // [1] i32 sampled token
+    gdn: DevBuf,    // per-chunk records of the chunked GDN prefill
 }
 
 pub struct CudaModel {
@@ -67,9 +71,19 @@ pub struct CudaModel {
 /// Device memory a model needs, in bytes: (weights, per-sequence state, activations).
 pub fn memory_estimate(cfg: &Config, opts: &CudaOptions) -> (usize, usize, usize) {
     let t = opts.prefill_chunk;
-    let (d, hq, hkv, dh) = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
-    let (c, hv, dk, dv, w) =
-        (cfg.conv_dim(), cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim);
+    let (d, hq, hkv, dh) = (
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+    );
+    let (c, hv, dk, dv, w) = (
+        cfg.conv_dim(),
+        cfg.linear_num_value_heads,
+        cfg.linear_key_head_dim,
+        cfg.linear_value_head_dim,
+        cfg.linear_conv_kernel_dim,
+    );
     let mut state = 0;
     for k in &cfg.layer_kinds {
         state += match k {
@@ -78,7 +92,9 @@ pub fn memory_estimate(cfg: &Config, opts: &CudaOptions) -> (usize, usize, usize
         };
     }
     let (e, kk) = (cfg.num_experts, cfg.num_experts_per_tok);
-    let fmax = cfg.moe_intermediate_size.max(cfg.shared_expert_intermediate_size);
+    let fmax = cfg
+        .moe_intermediate_size
+        .max(cfg.shared_expert_intermediate_size);
     let wide = d.max(hq * dh).max(hv * dv);
     let act = t * 4
         + t * d * 4 * 2
@@ -93,7 +109,8 @@ pub fn memory_estimate(cfg: &Config, opts: &CudaOptions) -> (usize, usize, usize
         + t * kk * 4
         + t * (kk + 1) * 4
         + t * (kk + 1) * fmax * 2
-        + cfg.vocab_size * 4;
+        + cfg.vocab_size * 4
+        + crate::gdn::gdn_chunked_scratch_bytes(t, hv, dv);
     (weight_bytes(cfg), state, act)
 }
 
@@ -102,7 +119,13 @@ fn gib(b: usize) -> f64 {
 }
 
 impl CudaModel {
-    pub fn load(gpu: Gpu, cfg: Config, w: &Weights, opts: CudaOptions, verbose: bool) -> Result<CudaModel> {
+    pub fn load(
+        gpu: Gpu,
+        cfg: Config,
+        w: &Weights,
+        opts: CudaOptions,
+        verbose: bool,
+    ) -> Result<CudaModel> {
         if opts.max_seq == 0 || opts.max_seq > 262_144 {
             bail!("--max-seq must be in 1..=262144, got {}", opts.max_seq);
         }
@@ -136,20 +159,40 @@ impl CudaModel {
         let t0 = std::time::Instant::now();
         let progress = |i: usize, n: usize| {
             if verbose && (i == n || i % 10 == 0) {
-                eprintln!("lily: uploaded layer {i}/{n} ({:.1}s)", t0.elapsed().as_secs_f64());
+                eprintln!(
+                    "lily: uploaded layer {i}/{n} ({:.1}s)",
+                    t0.elapsed().as_secs_f64()
+                );
             }
         };
         let dw = upload(&gpu, &cfg, w, &progress)?;
         let s = Self::scratch(&gpu, &cfg, &opts)?;
-        Ok(CudaModel { gpu, cfg, opts, w: dw, s })
+        Ok(CudaModel {
+            gpu,
+            cfg,
+            opts,
+            w: dw,
+            s,
+        })
     }
 
     fn scratch(gpu: &Gpu, cfg: &Config, o: &CudaOptions) -> Result<Scratch> {
         let t = o.prefill_chunk;
-        let (d, hq, hkv, dh) = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
-        let (c, hv, dv) = (cfg.conv_dim(), cfg.linear_num_value_heads, cfg.linear_value_head_dim);
+        let (d, hq, hkv, dh) = (
+            cfg.hidden_size,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
+        let (c, hv, dv) = (
+            cfg.conv_dim(),
+            cfg.linear_num_value_heads,
+            cfg.linear_value_head_dim,
+        );
         let (e, k) = (cfg.num_experts, cfg.num_experts_per_tok);
-        let fmax = cfg.moe_intermediate_size.max(cfg.shared_expert_intermediate_size);
+        let fmax = cfg
+            .moe_intermediate_size
+            .max(cfg.shared_expert_intermediate_size);
         let wide = d.max(hq * dh).max(hv * dv);
         Ok(Scratch {
             ids: gpu.alloc(t * 4)?,
@@ -170,6 +213,7 @@ impl CudaModel {
             moe_h: gpu.alloc(t * (k + 1) * fmax * 2)?,
             logits: gpu.alloc(cfg.vocab_size * 4)?,
             next: gpu.alloc(4)?,
+            gdn: gpu.alloc(crate::gdn::gdn_chunked_scratch_bytes(t, hv, dv))?,
         })
     }
 
@@ -184,7 +228,10 @@ impl CudaModel {
                 }
                 LayerKind::Gdn => {
                     let conv = cfg.conv_dim() * (cfg.linear_conv_kernel_dim - 1) * 4;
-                    let s = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4;
+                    let s = cfg.linear_num_value_heads
+                        * cfg.linear_key_head_dim
+                        * cfg.linear_value_head_dim
+                        * 4;
                     let (a, b) = (self.gpu.alloc(conv)?, self.gpu.alloc(s)?);
                     self.gpu.zero(a.ptr, conv)?;
                     self.gpu.zero(b.ptr, s)?;
@@ -200,7 +247,19 @@ impl CudaModel {
     fn linear(&self, x: u64, w: &DevBuf, y: u64, t: usize, n: usize, k: usize) -> Result<()> {
         debug_assert_eq!(w.bytes, n * k * 2);
         if t == 1 {
-            self.gpu.launch("gemv_kernel", (n.div_ceil(8) as u32, 1, 1), (256, 1, 1), 0, &[Arg::Ptr(w.ptr), Arg::Ptr(x), Arg::Ptr(y), Arg::I32(n as i32), Arg::I32(k as i32)])
+            self.gpu.launch(
+                "gemv_kernel",
+                (n.div_ceil(8) as u32, 1, 1),
+                (256, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(w.ptr),
+                    Arg::Ptr(x),
+                    Arg::Ptr(y),
+                    Arg::I32(n as i32),
+                    Arg::I32(k as i32),
+                ],
+            )
         } else {
             self.gpu.gemm_bf16_f32(x, w.ptr, y, t, n, k)
         }
@@ -213,7 +272,14 @@ impl CudaModel {
             (t as u32, 1, 1),
             (256, 1, 1),
             0,
-            &[Arg::Ptr(x), Arg::Ptr(delta.unwrap_or(0)), Arg::Ptr(w.ptr), Arg::Ptr(out), Arg::I32(d as i32), Arg::F32(self.cfg.rms_norm_eps)],
+            &[
+                Arg::Ptr(x),
+                Arg::Ptr(delta.unwrap_or(0)),
+                Arg::Ptr(w.ptr),
+                Arg::Ptr(out),
+                Arg::I32(d as i32),
+                Arg::F32(self.cfg.rms_norm_eps),
+            ],
         )
     }
 
@@ -224,7 +290,18 @@ impl CudaModel {
         let g = &self.gpu;
         let s = &self.s;
         let d = cfg.hidden_size;
-        g.launch("embed_kernel", (t as u32, 1, 1), (256, 1, 1), 0, &[Arg::Ptr(self.w.embed.ptr), Arg::Ptr(s.ids.ptr), Arg::Ptr(s.x.ptr), Arg::I32(d as i32)])?;
+        g.launch(
+            "embed_kernel",
+            (t as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(self.w.embed.ptr),
+                Arg::Ptr(s.ids.ptr),
+                Arg::Ptr(s.x.ptr),
+                Arg::I32(d as i32),
+            ],
+        )?;
         for (l, (lw, ls)) in self.w.layers.iter().zip(st.layers.iter()).enumerate() {
             self.add_norm(s.x.ptr, None, &lw.input_norm, s.h.ptr, t)?;
             match &lw.mixer {
@@ -232,15 +309,23 @@ impl CudaModel {
                 DevMixer::Gdn(_) => self.gdn(lw, ls, t)?,
             }
             self.add_norm(s.x.ptr, Some(s.delta.ptr), &lw.post_norm, s.h.ptr, t)?;
-            self.moe(lw, t).map_err(|e| e.context(format!("layer {l} moe")))?;
+            self.moe(lw, t)
+                .map_err(|e| e.context(format!("layer {l} moe")))?;
         }
         Ok(())
     }
 
     fn attention(&self, lw: &DevLayer, kv: &(DevBuf, DevBuf), t: usize) -> Result<()> {
-        let DevMixer::Attention(a) = &lw.mixer else { unreachable!() };
+        let DevMixer::Attention(a) = &lw.mixer else {
+            unreachable!()
+        };
         let (cfg, g, s) = (&self.cfg, &self.gpu, &self.s);
-        let (d, hq, hkv, dh) = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+        let (d, hq, hkv, dh) = (
+            cfg.hidden_size,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
         self.linear(s.h.ptr, &a.q, s.big.ptr, t, cfg.q_proj_rows(), d)?;
         self.linear(s.h.ptr, &a.k, s.k.ptr, t, hkv * dh, d)?;
         self.linear(s.h.ptr, &a.v, s.v.ptr, t, hkv * dh, d)?;
@@ -292,7 +377,9 @@ impl CudaModel {
     }
 
     fn gdn(&self, lw: &DevLayer, st: &(DevBuf, DevBuf), t: usize) -> Result<()> {
-        let DevMixer::Gdn(w) = &lw.mixer else { unreachable!() };
+        let DevMixer::Gdn(w) = &lw.mixer else {
+            unreachable!()
+        };
         let (cfg, g, s) = (&self.cfg, &self.gpu, &self.s);
         let (d, c, hk, hv, dv, wd) = (
             cfg.hidden_size,
@@ -310,47 +397,92 @@ impl CudaModel {
             (c.div_ceil(128) as u32, 1, 1),
             (128, 1, 1),
             0,
-            &[Arg::Ptr(s.big.ptr), Arg::Ptr(st.0.ptr), Arg::Ptr(w.conv.ptr), Arg::Ptr(s.conv.ptr), Arg::I32(t as i32), Arg::I32(c as i32), Arg::I32(wd as i32)],
-        )?;
-        g.launch(
-            "gdn_recurrent_kernel",
-            (hv as u32, (dv / 32) as u32, 1),
-            (32, 1, 1),
-            0,
             &[
+                Arg::Ptr(s.big.ptr),
+                Arg::Ptr(st.0.ptr),
+                Arg::Ptr(w.conv.ptr),
                 Arg::Ptr(s.conv.ptr),
-                Arg::Ptr(s.ba.ptr),
-                Arg::Ptr(w.a_log.ptr),
-                Arg::Ptr(w.dt_bias.ptr),
-                Arg::Ptr(st.1.ptr),
-                Arg::Ptr(s.q.ptr),
                 Arg::I32(t as i32),
-                Arg::I32(hk as i32),
-                Arg::I32(hv as i32),
-                Arg::I32(dv as i32),
+                Arg::I32(c as i32),
+                Arg::I32(wd as i32),
             ],
         )?;
+        if t > 1 {
+            // prefill: the chunked (UT-transform) form, parallel over chunks
+            crate::gdn::gdn_chunked_prefill(
+                g,
+                Some(&s.gdn),
+                s.conv.ptr,
+                s.ba.ptr,
+                w.a_log.ptr,
+                w.dt_bias.ptr,
+                st.1.ptr,
+                s.q.ptr,
+                t,
+                hk,
+                hv,
+                dv,
+            )?;
+        } else {
+            g.launch(
+                "gdn_recurrent_kernel",
+                (hv as u32, (dv / 32) as u32, 1),
+                (32, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(s.conv.ptr),
+                    Arg::Ptr(s.ba.ptr),
+                    Arg::Ptr(w.a_log.ptr),
+                    Arg::Ptr(w.dt_bias.ptr),
+                    Arg::Ptr(st.1.ptr),
+                    Arg::Ptr(s.q.ptr),
+                    Arg::I32(t as i32),
+                    Arg::I32(hk as i32),
+                    Arg::I32(hv as i32),
+                    Arg::I32(dv as i32),
+                ],
+            )?;
+        }
         g.launch(
             "gated_rmsnorm_kernel",
             ((t * hv) as u32, 1, 1),
             (dv as u32, 1, 1),
             0,
-            &[Arg::Ptr(s.q.ptr), Arg::Ptr(s.z.ptr), Arg::Ptr(w.norm.ptr), Arg::Ptr(s.h.ptr), Arg::I32(dv as i32), Arg::F32(cfg.rms_norm_eps)],
+            &[
+                Arg::Ptr(s.q.ptr),
+                Arg::Ptr(s.z.ptr),
+                Arg::Ptr(w.norm.ptr),
+                Arg::Ptr(s.h.ptr),
+                Arg::I32(dv as i32),
+                Arg::F32(cfg.rms_norm_eps),
+            ],
         )?;
         self.linear(s.h.ptr, &w.out, s.delta.ptr, t, d, hv * dv)
     }
 
     fn moe(&self, lw: &DevLayer, t: usize) -> Result<()> {
         let (cfg, g, s) = (&self.cfg, &self.gpu, &self.s);
-        let (d, e, k, f, fs) =
-            (cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size);
+        let (d, e, k, f, fs) = (
+            cfg.hidden_size,
+            cfg.num_experts,
+            cfg.num_experts_per_tok,
+            cfg.moe_intermediate_size,
+            cfg.shared_expert_intermediate_size,
+        );
         self.linear(s.h.ptr, &lw.router, s.rl.ptr, t, e + 1, d)?;
         g.launch(
             "router_topk_kernel",
             (t.div_ceil(8) as u32, 1, 1),
             (256, 1, 1),
             0,
-            &[Arg::Ptr(s.rl.ptr), Arg::I32(t as i32), Arg::I32(e as i32), Arg::I32(k as i32), Arg::Ptr(s.idx.ptr), Arg::Ptr(s.wts.ptr)],
+            &[
+                Arg::Ptr(s.rl.ptr),
+                Arg::I32(t as i32),
+                Arg::I32(e as i32),
+                Arg::I32(k as i32),
+                Arg::Ptr(s.idx.ptr),
+                Arg::Ptr(s.wts.ptr),
+            ],
         )?;
         let fmax = f.max(fs);
         g.launch(
@@ -404,14 +536,23 @@ impl CudaModel {
             bail!("token id {bad} is out of range: the model has {v} vocabulary rows");
         }
         if st.pos + tokens.len() > self.opts.max_seq {
-            bail!("sequence of {} tokens exceeds --max-seq {}", st.pos + tokens.len(), self.opts.max_seq);
+            bail!(
+                "sequence of {} tokens exceeds --max-seq {}",
+                st.pos + tokens.len(),
+                self.opts.max_seq
+            );
         }
         Ok(())
     }
 
     /// Feed tokens in chunks of at most `prefill_chunk`; `after(n)` runs after
     /// each chunk of n tokens, while its residual stream is still in `s.x`.
-    fn run_chunks(&self, st: &mut CudaState, tokens: &[u32], after: &mut dyn FnMut(usize) -> Result<()>) -> Result<()> {
+    fn run_chunks(
+        &self,
+        st: &mut CudaState,
+        tokens: &[u32],
+        after: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Result<()> {
         self.check(st, tokens)?;
         for chunk in tokens.chunks(self.opts.prefill_chunk) {
             let n = chunk.len();
@@ -457,7 +598,13 @@ impl CudaModel {
         let s = &self.s;
         self.gpu.upload(s.pos.ptr, &[st.pos as i32])?;
         // the token to feed is the one the last step chose
-        self.gpu.launch("copy_i32_kernel", (1, 1, 1), (32, 1, 1), 0, &[Arg::Ptr(s.next.ptr), Arg::Ptr(s.ids.ptr)])?;
+        self.gpu.launch(
+            "copy_i32_kernel",
+            (1, 1, 1),
+            (32, 1, 1),
+            0,
+            &[Arg::Ptr(s.next.ptr), Arg::Ptr(s.ids.ptr)],
+        )?;
         self.layers(st, 1)?;
         st.pos += 1;
         self.pick_row(0, self.cfg.vocab_size, &GpuSampleParams::greedy(), 0.0)
@@ -465,12 +612,25 @@ impl CudaModel {
 
     /// Prefill, then the greedy choice for the next token (left in `s.next`).
     pub fn prefill_greedy(&self, st: &mut CudaState, tokens: &[u32]) -> Result<u32> {
-        self.prefill_sample(st, tokens, self.cfg.vocab_size, &GpuSampleParams::greedy(), 0.0)
+        self.prefill_sample(
+            st,
+            tokens,
+            self.cfg.vocab_size,
+            &GpuSampleParams::greedy(),
+            0.0,
+        )
     }
 
     /// Prefill, then choose the next token on the device among the first
     /// `valid` ids (`u` uniform in [0, 1) drives a sampled choice).
-    pub fn prefill_sample(&self, st: &mut CudaState, tokens: &[u32], valid: usize, p: &GpuSampleParams, u: f32) -> Result<u32> {
+    pub fn prefill_sample(
+        &self,
+        st: &mut CudaState,
+        tokens: &[u32],
+        valid: usize,
+        p: &GpuSampleParams,
+        u: f32,
+    ) -> Result<u32> {
         let mut last = 0;
         self.run_chunks(st, tokens, &mut |n| {
             last = n;
@@ -481,7 +641,14 @@ impl CudaModel {
 
     /// Feed `token`, then choose the next one on the device; only its id
     /// comes back to the host.
-    pub fn decode_sample(&self, st: &mut CudaState, token: u32, valid: usize, p: &GpuSampleParams, u: f32) -> Result<u32> {
+    pub fn decode_sample(
+        &self,
+        st: &mut CudaState,
+        token: u32,
+        valid: usize,
+        p: &GpuSampleParams,
+        u: f32,
+    ) -> Result<u32> {
         self.run_chunks(st, &[token], &mut |_| Ok(()))?;
         self.pick_row(0, valid, p, u)
     }
@@ -489,7 +656,14 @@ impl CudaModel {
     fn pick_row(&self, row: usize, valid: usize, p: &GpuSampleParams, u: f32) -> Result<u32> {
         let s = &self.s;
         self.head(row, 1, s.logits.ptr)?;
-        sample_into(&self.gpu, s.logits.ptr, valid.min(self.cfg.vocab_size), p, u, s.next.ptr)?;
+        sample_into(
+            &self.gpu,
+            s.logits.ptr,
+            valid.min(self.cfg.vocab_size),
+            p,
+            u,
+            s.next.ptr,
+        )?;
         Ok(self.gpu.download::<i32>(s.next.ptr, 1)?[0] as u32)
     }
 }

@@ -43,7 +43,12 @@ pub struct GpuSampleParams {
 
 impl GpuSampleParams {
     pub fn greedy() -> GpuSampleParams {
-        GpuSampleParams { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0 }
+        GpuSampleParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+        }
     }
 
     pub fn is_greedy(&self) -> bool {
@@ -52,7 +57,10 @@ impl GpuSampleParams {
 
     pub fn validate(&self) -> Result<()> {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            bail!("temperature must be finite and >= 0, got {}", self.temperature);
+            bail!(
+                "temperature must be finite and >= 0, got {}",
+                self.temperature
+            );
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             bail!("top_p must be in (0, 1], got {}", self.top_p);
@@ -78,7 +86,14 @@ pub fn uniform_f32(u: f64) -> f32 {
 /// the GPU's stream over `logits` (device f32 [>= valid]; ids >= `valid` are
 /// padding and ignored); writes the chosen id to `out` (device pointer to one
 /// i32). No sync, no copy. `u` is a uniform in [0, 1) (clamped into it).
-pub fn sample_into(gpu: &Gpu, logits: u64, valid: usize, p: &GpuSampleParams, u: f32, out: u64) -> Result<()> {
+pub fn sample_into(
+    gpu: &Gpu,
+    logits: u64,
+    valid: usize,
+    p: &GpuSampleParams,
+    u: f32,
+    out: u64,
+) -> Result<()> {
     p.validate()?;
     if valid == 0 || valid > (i32::MAX / 2) as usize {
         bail!("sampling over {valid} logits: must be in 1..=2^30");
@@ -93,7 +108,11 @@ pub fn sample_into(gpu: &Gpu, logits: u64, valid: usize, p: &GpuSampleParams, u:
             &[Arg::Ptr(logits), Arg::I32(valid as i32), Arg::Ptr(out)],
         );
     }
-    let u = if u.is_finite() { u.clamp(0.0, ONE_BELOW) } else { 0.0 };
+    let u = if u.is_finite() {
+        u.clamp(0.0, ONE_BELOW)
+    } else {
+        0.0
+    };
     gpu.launch(
         "sample_kernel",
         (1, 1, 1),
@@ -127,10 +146,25 @@ mod tests {
     #[test]
     fn params_are_checked() {
         assert!(GpuSampleParams::greedy().validate().is_ok());
-        let ok = GpuSampleParams { temperature: 0.7, top_k: 20, top_p: 0.95, min_p: 0.05 };
+        let ok = GpuSampleParams {
+            temperature: 0.7,
+            top_k: 20,
+            top_p: 0.95,
+            min_p: 0.05,
+        };
         assert!(ok.validate().is_ok());
-        assert!(GpuSampleParams { temperature: -1.0, ..ok }.validate().is_err());
-        assert!(GpuSampleParams { temperature: f32::NAN, ..ok }.validate().is_err());
+        assert!(GpuSampleParams {
+            temperature: -1.0,
+            ..ok
+        }
+        .validate()
+        .is_err());
+        assert!(GpuSampleParams {
+            temperature: f32::NAN,
+            ..ok
+        }
+        .validate()
+        .is_err());
         assert!(GpuSampleParams { top_p: 0.0, ..ok }.validate().is_err());
         assert!(GpuSampleParams { min_p: 1.5, ..ok }.validate().is_err());
         assert!(GpuSampleParams { top_k: 1, ..ok }.is_greedy());
@@ -138,7 +172,11 @@ mod tests {
 
     #[test]
     fn kernels_are_declared() {
-        let src = crate::gpu::KERNEL_FILES.iter().find(|(f, _)| *f == "sampling").unwrap().1;
+        let src = crate::gpu::KERNEL_FILES
+            .iter()
+            .find(|(f, _)| *f == "sampling")
+            .unwrap()
+            .1;
         for name in ["argmax_kernel", "sample_kernel"] {
             assert!(
                 src.contains(&format!("extern \"C\" __global__ void {name}(")),

@@ -81,15 +81,28 @@ pub fn weight_bytes(cfg: &Config) -> usize {
         n += 2 * d * 4;
         n += match k {
             lily_model::LayerKind::Attention => {
-                let (hq, hkv, dh) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+                let (hq, hkv, dh) = (
+                    cfg.num_attention_heads,
+                    cfg.num_key_value_heads,
+                    cfg.head_dim,
+                );
                 (cfg.q_proj_rows() * d + 2 * hkv * dh * d + d * hq * dh) * 2 + 2 * dh * 4
             }
             lily_model::LayerKind::Gdn => {
-                let (c, hv, dv, w) = (cfg.conv_dim(), cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim);
+                let (c, hv, dv, w) = (
+                    cfg.conv_dim(),
+                    cfg.linear_num_value_heads,
+                    cfg.linear_value_head_dim,
+                    cfg.linear_conv_kernel_dim,
+                );
                 (c * d + hv * dv * d + 2 * hv * d + d * hv * dv) * 2 + (c * w + 2 * hv + dv) * 4
             }
         };
-        let (e, f, fs) = (cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size);
+        let (e, f, fs) = (
+            cfg.num_experts,
+            cfg.moe_intermediate_size,
+            cfg.shared_expert_intermediate_size,
+        );
         n += ((e + 1) * d + e * 3 * f * d + 3 * fs * d) * 2;
     }
     n
@@ -123,7 +136,14 @@ impl Uploader<'_> {
                 (1024, 1, 1),
                 (256, 1, 1),
                 0,
-                &[Arg::Ptr(dst), Arg::U64(n as u64), Arg::U64(start as u64), Arg::U64(p.seed), Arg::F32(p.mean), Arg::F32(p.std)],
+                &[
+                    Arg::Ptr(dst),
+                    Arg::U64(n as u64),
+                    Arg::U64(start as u64),
+                    Arg::U64(p.seed),
+                    Arg::F32(p.mean),
+                    Arg::F32(p.std),
+                ],
             ),
             Storage::Bytes { .. } => {
                 let bytes = m.t.bytes().unwrap();
@@ -144,7 +164,8 @@ impl Uploader<'_> {
                     let k = chunk.len() / sz;
                     widen(m.t.dtype, chunk, &mut f[..k]);
                     self.stage.clear();
-                    self.stage.extend(f[..k].iter().map(|x| half::bf16::from_f32(*x).to_bits()));
+                    self.stage
+                        .extend(f[..k].iter().map(|x| half::bf16::from_f32(*x).to_bits()));
                     self.gpu.upload(dst + (i * per * 2) as u64, &self.stage)?;
                     self.gpu.sync()?;
                 }
@@ -175,11 +196,23 @@ impl Uploader<'_> {
     }
 }
 
-pub fn upload(gpu: &Gpu, cfg: &Config, w: &Weights, progress: &dyn Fn(usize, usize)) -> Result<DevWeights> {
+pub fn upload(
+    gpu: &Gpu,
+    cfg: &Config,
+    w: &Weights,
+    progress: &dyn Fn(usize, usize),
+) -> Result<DevWeights> {
     if cfg.linear_key_head_dim != 128 {
-        bail!("the CUDA GDN kernel is built for linear_key_head_dim 128, the checkpoint has {}", cfg.linear_key_head_dim);
+        bail!(
+            "the CUDA GDN kernel is built for linear_key_head_dim 128, the checkpoint has {}",
+            cfg.linear_key_head_dim
+        );
     }
-    if cfg.head_dim > 256 || cfg.head_dim % 32 != 0 || cfg.linear_value_head_dim % 32 != 0 || cfg.linear_conv_kernel_dim > 8 {
+    if cfg.head_dim > 256
+        || cfg.head_dim % 32 != 0
+        || cfg.linear_value_head_dim % 32 != 0
+        || cfg.linear_conv_kernel_dim > 8
+    {
         bail!(
             "the CUDA kernels need head_dim <= 256 and a multiple of 32, linear_value_head_dim a multiple of 32, conv width <= 8 (got {}, {}, {})",
             cfg.head_dim,
@@ -187,11 +220,23 @@ pub fn upload(gpu: &Gpu, cfg: &Config, w: &Weights, progress: &dyn Fn(usize, usi
             cfg.linear_conv_kernel_dim
         );
     }
-    let (d, f, fs) = (cfg.hidden_size, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size);
-    if d % 8 != 0 || f % 8 != 0 || fs % 8 != 0 || cfg.num_experts > 256 || cfg.num_experts_per_tok > 16 {
+    let (d, f, fs) = (
+        cfg.hidden_size,
+        cfg.moe_intermediate_size,
+        cfg.shared_expert_intermediate_size,
+    );
+    if d % 8 != 0
+        || f % 8 != 0
+        || fs % 8 != 0
+        || cfg.num_experts > 256
+        || cfg.num_experts_per_tok > 16
+    {
         bail!("the CUDA kernels need hidden and FFN sizes that are multiples of 8, at most 256 experts and top-k <= 16");
     }
-    let mut up = Uploader { gpu, stage: Vec::new() };
+    let mut up = Uploader {
+        gpu,
+        stage: Vec::new(),
+    };
     let embed = up.mats(&[&w.embed])?;
     let lm_head = up.mats(&[&w.lm_head])?;
     let norm = up.one_plus(&w.norm)?;
@@ -221,7 +266,12 @@ pub fn upload(gpu: &Gpu, cfg: &Config, w: &Weights, progress: &dyn Fn(usize, usi
         // router rows, then the shared-expert gate as row E
         let router = gpu.alloc((cfg.num_experts + 1) * d * 2)?;
         up.mat_into(&l.moe.router, router.ptr)?;
-        let sg: Vec<u16> = l.moe.shared_gate.iter().map(|x| half::bf16::from_f32(*x).to_bits()).collect();
+        let sg: Vec<u16> = l
+            .moe
+            .shared_gate
+            .iter()
+            .map(|x| half::bf16::from_f32(*x).to_bits())
+            .collect();
         gpu.upload(router.at(cfg.num_experts * d * 2), &sg)?;
         let (gate_up, down) = up.experts(&l.moe.experts, f, d)?;
         let shared_gate_up = up.mats(&[&l.moe.shared.gate, &l.moe.shared.up])?;
@@ -240,5 +290,10 @@ pub fn upload(gpu: &Gpu, cfg: &Config, w: &Weights, progress: &dyn Fn(usize, usi
         progress(i + 1, n);
     }
     gpu.sync()?;
-    Ok(DevWeights { embed, lm_head, norm, layers })
+    Ok(DevWeights {
+        embed,
+        lm_head,
+        norm,
+        layers,
+    })
 }

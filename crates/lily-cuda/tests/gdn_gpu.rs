@@ -19,7 +19,9 @@
 
 use lily_cpu::ops::gdn::{l2norm_rows, GdnCore, GdnForm};
 use lily_cpu::ops::{sigmoid, softplus};
-use lily_cuda::gdn::{gdn_chunk_record_floats, gdn_chunked_prefill, gdn_chunked_scratch_bytes, GDN_DK};
+use lily_cuda::gdn::{
+    gdn_chunk_record_floats, gdn_chunked_prefill, gdn_chunked_scratch_bytes, GDN_DK,
+};
 use lily_cuda::gpu::{Arg, Gpu};
 use lily_model::tensor::Procedural;
 
@@ -44,7 +46,10 @@ fn gpu() -> Option<Gpu> {
 /// an exact zero nudged away.
 fn random(n: usize, seed: u64, mean: f32, std: f32) -> Vec<f32> {
     let p = Procedural { seed, mean, std };
-    (0..n as u64).map(|i| p.value(i)).map(|x| if x == 0.0 { 1e-3 } else { x }).collect()
+    (0..n as u64)
+        .map(|i| p.value(i))
+        .map(|x| if x == 0.0 { 1e-3 } else { x })
+        .collect()
 }
 
 fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
@@ -86,14 +91,23 @@ fn inputs(t: usize, seed: u64) -> Inputs {
         }
     }
     let s0 = random(HV * DK * DV, seed + 5, 0.0, 0.5);
-    Inputs { t, conv, ba, a_log, dt_bias, s0 }
+    Inputs {
+        t,
+        conv,
+        ba,
+        a_log,
+        dt_bias,
+        s0,
+    }
 }
 
 /// The CPU reference, its inputs built exactly as `lily_cpu::ops::gdn::gdn`
 /// builds them (f32 throughout): (o [t, Hv, Dv], final state).
 fn cpu_reference(x: &Inputs) -> (Vec<f32>, Vec<f32>) {
     let t = x.t;
-    let beta: Vec<f32> = (0..t * HV).map(|i| sigmoid(x.ba[(i / HV) * 2 * HV + i % HV])).collect();
+    let beta: Vec<f32> = (0..t * HV)
+        .map(|i| sigmoid(x.ba[(i / HV) * 2 * HV + i % HV]))
+        .collect();
     let g: Vec<f32> = (0..t * HV)
         .map(|i| {
             let j = i % HV;
@@ -112,7 +126,18 @@ fn cpu_reference(x: &Inputs) -> (Vec<f32>, Vec<f32>) {
     }
     l2norm_rows(&mut q, DK, (DK as f32).powf(-0.5));
     l2norm_rows(&mut k, DK, 1.0);
-    let core = GdnCore { t, hk: HK, hv: HV, dk: DK, dv: DV, q: &q, k: &k, v: &v, g: &g, beta: &beta };
+    let core = GdnCore {
+        t,
+        hk: HK,
+        hv: HV,
+        dk: DK,
+        dv: DV,
+        q: &q,
+        k: &k,
+        v: &v,
+        g: &g,
+        beta: &beta,
+    };
     let mut s = x.s0.clone();
     let o = core.run(&mut s, GdnForm::Recurrent);
     (o, s)
@@ -143,10 +168,25 @@ fn run_gpu(g: &Gpu, x: &Inputs, chunked: Option<Scratch>) -> (Vec<f32>, Vec<f32>
             let buf = match how {
                 Scratch::Own => None,
                 Scratch::Sized => Some(g.alloc(gdn_chunked_scratch_bytes(t, HV, DV)).unwrap()),
-                Scratch::Chunks(n) => Some(g.alloc(n * HV * gdn_chunk_record_floats(DV) * 4).unwrap()),
+                Scratch::Chunks(n) => {
+                    Some(g.alloc(n * HV * gdn_chunk_record_floats(DV) * 4).unwrap())
+                }
             };
-            gdn_chunked_prefill(g, buf.as_ref(), conv.ptr, ba.ptr, a_log.ptr, dt_bias.ptr, s.ptr, o.ptr, t, HK, HV, DV)
-                .unwrap();
+            gdn_chunked_prefill(
+                g,
+                buf.as_ref(),
+                conv.ptr,
+                ba.ptr,
+                a_log.ptr,
+                dt_bias.ptr,
+                s.ptr,
+                o.ptr,
+                t,
+                HK,
+                HV,
+                DV,
+            )
+            .unwrap();
             g.sync().unwrap();
         }
         None => {
@@ -172,7 +212,10 @@ fn run_gpu(g: &Gpu, x: &Inputs, chunked: Option<Scratch>) -> (Vec<f32>, Vec<f32>
             g.sync().unwrap();
         }
     }
-    (g.download(o.ptr, t * HV * DV).unwrap(), g.download(s.ptr, HV * DK * DV).unwrap())
+    (
+        g.download(o.ptr, t * HV * DV).unwrap(),
+        g.download(s.ptr, HV * DK * DV).unwrap(),
+    )
 }
 
 fn check(g: &Gpu, t: usize, seed: u64, how: Scratch) {
@@ -180,9 +223,15 @@ fn check(g: &Gpu, t: usize, seed: u64, how: Scratch) {
     let (o_cpu, s_cpu) = cpu_reference(&x);
     let (o_rec, s_rec) = run_gpu(g, &x, None);
     let (o_chk, s_chk) = run_gpu(g, &x, Some(how));
-    assert!(o_chk.iter().chain(&s_chk).all(|v| v.is_finite()), "T={t}: non-finite output or state");
+    assert!(
+        o_chk.iter().chain(&s_chk).all(|v| v.is_finite()),
+        "T={t}: non-finite output or state"
+    );
     let max_o = o_cpu.iter().fold(0f32, |m, v| m.max(v.abs()));
-    assert!(max_o > 0.01, "degenerate test: outputs near zero (max |o| {max_o})");
+    assert!(
+        max_o > 0.01,
+        "degenerate test: outputs near zero (max |o| {max_o})"
+    );
     let (eo_cpu, es_cpu) = (rel_l2(&o_chk, &o_cpu), rel_l2(&s_chk, &s_cpu));
     let (eo_rec, es_rec) = (rel_l2(&o_chk, &o_rec), rel_l2(&s_chk, &s_rec));
     eprintln!(
@@ -190,18 +239,29 @@ fn check(g: &Gpu, t: usize, seed: u64, how: Scratch) {
     );
     assert!(eo_cpu < TOL_O, "T={t}: output vs CPU, rel L2 {eo_cpu:.3e}");
     assert!(es_cpu < TOL_S, "T={t}: state vs CPU, rel L2 {es_cpu:.3e}");
-    assert!(eo_rec < TOL_O, "T={t}: output vs gdn_recurrent_kernel, rel L2 {eo_rec:.3e}");
-    assert!(es_rec < TOL_S, "T={t}: state vs gdn_recurrent_kernel, rel L2 {es_rec:.3e}");
+    assert!(
+        eo_rec < TOL_O,
+        "T={t}: output vs gdn_recurrent_kernel, rel L2 {eo_rec:.3e}"
+    );
+    assert!(
+        es_rec < TOL_S,
+        "T={t}: state vs gdn_recurrent_kernel, rel L2 {es_rec:.3e}"
+    );
 }
 
 #[test]
 fn chunked_matches_recurrent_at_released_sizes() {
     let Some(g) = gpu() else { return };
     assert_eq!(GDN_DK, DK);
-    for (i, (t, how)) in
-        [(1, Scratch::Own), (63, Scratch::Sized), (64, Scratch::Own), (65, Scratch::Sized), (1000, Scratch::Own)]
-            .into_iter()
-            .enumerate()
+    for (i, (t, how)) in [
+        (1, Scratch::Own),
+        (63, Scratch::Sized),
+        (64, Scratch::Own),
+        (65, Scratch::Sized),
+        (1000, Scratch::Own),
+    ]
+    .into_iter()
+    .enumerate()
     {
         check(&g, t, 0x6D17 + 16 * i as u64, how);
     }

@@ -28,7 +28,11 @@ fn gpu() -> Option<Gpu> {
 
 /// Fresh random values (never zeros): a seeded generator per call site.
 fn random(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let p = Procedural { seed, mean: 0.0, std: scale };
+    let p = Procedural {
+        seed,
+        mean: 0.0,
+        std: scale,
+    };
     (0..n as u64).map(|i| p.value(i)).collect()
 }
 
@@ -39,11 +43,20 @@ fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
 }
 
 fn bf16_bits(v: &[f32]) -> Vec<u16> {
-    v.iter().map(|x| half::bf16::from_f32(*x).to_bits()).collect()
+    v.iter()
+        .map(|x| half::bf16::from_f32(*x).to_bits())
+        .collect()
 }
 
 fn procedural_mat(rows: usize, cols: usize, seed: u64, std: f32) -> Mat {
-    Mat::whole(Arc::new(Tensor::procedural(vec![rows, cols], Procedural { seed, mean: 0.01, std })))
+    Mat::whole(Arc::new(Tensor::procedural(
+        vec![rows, cols],
+        Procedural {
+            seed,
+            mean: 0.01,
+            std,
+        },
+    )))
 }
 
 #[test]
@@ -61,36 +74,87 @@ fn procedural_weights_are_bit_identical_to_the_cpu() {
         (1024, 1, 1),
         (256, 1, 1),
         0,
-        &[Arg::Ptr(buf.ptr), Arg::U64(n as u64), Arg::U64(start as u64), Arg::U64(proc_.seed), Arg::F32(proc_.mean), Arg::F32(proc_.std)],
+        &[
+            Arg::Ptr(buf.ptr),
+            Arg::U64(n as u64),
+            Arg::U64(start as u64),
+            Arg::U64(proc_.seed),
+            Arg::F32(proc_.mean),
+            Arg::F32(proc_.std),
+        ],
     )
     .unwrap();
     let got: Vec<u16> = g.download(buf.ptr, n).unwrap();
     let mut want = vec![0f32; n];
     m.t.read_f32(start, &mut want);
-    let mismatches = got.iter().zip(bf16_bits(&want)).filter(|(a, b)| **a != *b).count();
-    assert_eq!(mismatches, 0, "GPU generator differs from the CPU on {mismatches} of {n} values");
+    let mismatches = got
+        .iter()
+        .zip(bf16_bits(&want))
+        .filter(|(a, b)| **a != *b)
+        .count();
+    assert_eq!(
+        mismatches, 0,
+        "GPU generator differs from the CPU on {mismatches} of {n} values"
+    );
 }
 
 #[test]
 fn gemv_and_gemm_match_the_cpu() {
     let Some(g) = gpu() else { return };
-    for (n, k) in [(8192usize, 2048usize), (2048, 4096), (248_320, 2048), (2048, 512), (257, 2048)] {
+    for (n, k) in [
+        (8192usize, 2048usize),
+        (2048, 4096),
+        (248_320, 2048),
+        (2048, 512),
+        (257, 2048),
+    ] {
         let w = procedural_mat(n, k, n as u64 * 31 + k as u64, 1.0 / (k as f32).sqrt());
         let wbuf = g.alloc(n * k * 2).unwrap();
         let p = match &w.t.storage {
             lily_model::tensor::Storage::Procedural(p) => *p,
             _ => unreachable!(),
         };
-        g.launch("procedural_fill_kernel", (1024, 1, 1), (256, 1, 1), 0, &[Arg::Ptr(wbuf.ptr), Arg::U64((n * k) as u64), Arg::U64(0), Arg::U64(p.seed), Arg::F32(p.mean), Arg::F32(p.std)]).unwrap();
+        g.launch(
+            "procedural_fill_kernel",
+            (1024, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(wbuf.ptr),
+                Arg::U64((n * k) as u64),
+                Arg::U64(0),
+                Arg::U64(p.seed),
+                Arg::F32(p.mean),
+                Arg::F32(p.std),
+            ],
+        )
+        .unwrap();
         for t in [1usize, 37] {
             // inputs rounded to bf16 first, so the oracle sees what the GPU sees
-            let x: Vec<f32> = random(t * k, 7 + t as u64, 1.0).iter().map(|v| half::bf16::from_f32(*v).to_f32()).collect();
+            let x: Vec<f32> = random(t * k, 7 + t as u64, 1.0)
+                .iter()
+                .map(|v| half::bf16::from_f32(*v).to_f32())
+                .collect();
             let xbuf = g.upload_new(&bf16_bits(&x)).unwrap();
             let ybuf = g.alloc(t * n * 4).unwrap();
             if t == 1 {
-                g.launch("gemv_kernel", (n.div_ceil(8) as u32, 1, 1), (256, 1, 1), 0, &[Arg::Ptr(wbuf.ptr), Arg::Ptr(xbuf.ptr), Arg::Ptr(ybuf.ptr), Arg::I32(n as i32), Arg::I32(k as i32)]).unwrap();
+                g.launch(
+                    "gemv_kernel",
+                    (n.div_ceil(8) as u32, 1, 1),
+                    (256, 1, 1),
+                    0,
+                    &[
+                        Arg::Ptr(wbuf.ptr),
+                        Arg::Ptr(xbuf.ptr),
+                        Arg::Ptr(ybuf.ptr),
+                        Arg::I32(n as i32),
+                        Arg::I32(k as i32),
+                    ],
+                )
+                .unwrap();
             } else {
-                g.gemm_bf16_f32(xbuf.ptr, wbuf.ptr, ybuf.ptr, t, n, k).unwrap();
+                g.gemm_bf16_f32(xbuf.ptr, wbuf.ptr, ybuf.ptr, t, n, k)
+                    .unwrap();
             }
             let got: Vec<f32> = g.download(ybuf.ptr, t * n).unwrap();
             let want = linear(&x, t, &w);
@@ -109,14 +173,36 @@ fn router_topk_matches_the_cpu() {
     let lb = g.upload_new(&logits).unwrap();
     let idx = g.alloc(t * k * 4).unwrap();
     let wts = g.alloc(t * (k + 1) * 4).unwrap();
-    g.launch("router_topk_kernel", (t.div_ceil(8) as u32, 1, 1), (256, 1, 1), 0, &[Arg::Ptr(lb.ptr), Arg::I32(t as i32), Arg::I32(e as i32), Arg::I32(k as i32), Arg::Ptr(idx.ptr), Arg::Ptr(wts.ptr)]).unwrap();
+    g.launch(
+        "router_topk_kernel",
+        (t.div_ceil(8) as u32, 1, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::Ptr(lb.ptr),
+            Arg::I32(t as i32),
+            Arg::I32(e as i32),
+            Arg::I32(k as i32),
+            Arg::Ptr(idx.ptr),
+            Arg::Ptr(wts.ptr),
+        ],
+    )
+    .unwrap();
     let gi: Vec<i32> = g.download(idx.ptr, t * k).unwrap();
     let gw: Vec<f32> = g.download(wts.ptr, t * (k + 1)).unwrap();
     for ti in 0..t {
-        let want = lily_cpu::ops::moe::route(&logits[ti * (e + 1)..ti * (e + 1) + e], k, lily_model::DType::F32);
+        let want = lily_cpu::ops::moe::route(
+            &logits[ti * (e + 1)..ti * (e + 1) + e],
+            k,
+            lily_model::DType::F32,
+        );
         for (s, (ex, w)) in want.iter().enumerate() {
             assert_eq!(gi[ti * k + s] as usize, *ex, "token {ti} slot {s}");
-            assert!((gw[ti * (k + 1) + s] - w).abs() < 1e-5, "token {ti} slot {s}: {} vs {w}", gw[ti * (k + 1) + s]);
+            assert!(
+                (gw[ti * (k + 1) + s] - w).abs() < 1e-5,
+                "token {ti} slot {s}: {} vs {w}",
+                gw[ti * (k + 1) + s]
+            );
         }
         let sg = 1.0 / (1.0 + (-logits[ti * (e + 1) + e]).exp());
         assert!((gw[ti * (k + 1) + k] - sg).abs() < 1e-6);
@@ -128,9 +214,13 @@ fn router_topk_matches_the_cpu() {
 #[test]
 fn full4_forward_matches_the_cpu() {
     let Some(g) = gpu() else { return };
-    let (cfg, w) = ModelSource::Synthetic("full4".into()).load_procedural().unwrap();
+    let (cfg, w) = ModelSource::Synthetic("full4".into())
+        .load_procedural()
+        .unwrap();
     let v = cfg.vocab_size;
-    let toks: Vec<u32> = (0..150u64).map(|i| ((i * 2_654_435_761 + 977) % 248_077) as u32).collect();
+    let toks: Vec<u32> = (0..150u64)
+        .map(|i| ((i * 2_654_435_761 + 977) % 248_077) as u32)
+        .collect();
     let n = 140;
     let cpu = CpuModel::new(cfg.clone(), w.clone()).with_f32_activations();
     let mut cs = cpu.new_state();
@@ -138,7 +228,10 @@ fn full4_forward_matches_the_cpu() {
     for &t in &toks[n..] {
         want.extend(cpu.decode(t, &mut cs).unwrap());
     }
-    let opts = CudaOptions { max_seq: 4096, prefill_chunk: 64 }; // several prefill chunks
+    let opts = CudaOptions {
+        max_seq: 4096,
+        prefill_chunk: 64,
+    }; // several prefill chunks
     let m = CudaModel::load(g, cfg, &w, opts, false).unwrap();
     let mut st = m.new_state().unwrap();
     let mut got = m.forward(&mut st, &toks[..n], true).unwrap();
@@ -149,12 +242,22 @@ fn full4_forward_matches_the_cpu() {
     assert!(got.iter().all(|x| x.is_finite()));
     let e = rel_l2(&got, &want);
     let agree = (0..toks.len())
-        .filter(|&i| lily_engine_argmax(&got[i * v..(i + 1) * v]) == lily_engine_argmax(&want[i * v..(i + 1) * v]))
+        .filter(|&i| {
+            lily_engine_argmax(&got[i * v..(i + 1) * v])
+                == lily_engine_argmax(&want[i * v..(i + 1) * v])
+        })
         .count();
-    eprintln!("full4: logits relative L2 {e:.3e}, top-1 {agree}/{}", toks.len());
+    eprintln!(
+        "full4: logits relative L2 {e:.3e}, top-1 {agree}/{}",
+        toks.len()
+    );
     // bf16 activations into every product vs an all-f32 oracle, 4 layers deep
     assert!(e < 3e-2, "logits relative L2 {e}");
-    assert!(agree as f64 >= 0.95 * toks.len() as f64, "top-1 agreement {agree}/{}", toks.len());
+    assert!(
+        agree as f64 >= 0.95 * toks.len() as f64,
+        "top-1 agreement {agree}/{}",
+        toks.len()
+    );
     // the greedy on-device path agrees with the logits path
     let mut st2 = m.new_state().unwrap();
     let first = m.prefill_greedy(&mut st2, &toks[..n]).unwrap();
@@ -168,7 +271,14 @@ fn lily_engine_argmax(x: &[f32]) -> usize {
 #[test]
 fn refuses_geometries_the_kernels_do_not_cover() {
     let Some(g) = gpu() else { return };
-    let (cfg, w) = ModelSource::Synthetic("tiny".into()).load_procedural().unwrap();
-    let err = CudaModel::load(g, cfg, &w, CudaOptions::default(), false).err().expect("tiny has Dk 32");
-    assert!(format!("{err:#}").contains("linear_key_head_dim"), "{err:#}");
+    let (cfg, w) = ModelSource::Synthetic("tiny".into())
+        .load_procedural()
+        .unwrap();
+    let err = CudaModel::load(g, cfg, &w, CudaOptions::default(), false)
+        .err()
+        .expect("tiny has Dk 32");
+    assert!(
+        format!("{err:#}").contains("linear_key_head_dim"),
+        "{err:#}"
+    );
 }

@@ -23,7 +23,11 @@ fn gpu() -> Option<Gpu> {
 }
 
 fn random(n: usize, seed: u64, mean: f32, std: f32) -> Vec<f32> {
-    let p = Procedural { seed: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5A5A, mean, std };
+    let p = Procedural {
+        seed: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5A5A,
+        mean,
+        std,
+    };
     (0..n as u64).map(|i| p.value(i)).collect()
 }
 
@@ -36,11 +40,15 @@ fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
 }
 
 fn bf16(v: &[f32]) -> Vec<u16> {
-    v.iter().map(|x| half::bf16::from_f32(*x).to_bits()).collect()
+    v.iter()
+        .map(|x| half::bf16::from_f32(*x).to_bits())
+        .collect()
 }
 
 fn from_bf16(v: &[u16]) -> Vec<f32> {
-    v.iter().map(|x| half::bf16::from_bits(*x).to_f32()).collect()
+    v.iter()
+        .map(|x| half::bf16::from_bits(*x).to_f32())
+        .collect()
 }
 
 #[test]
@@ -51,12 +59,37 @@ fn add_rmsnorm() {
     let delta = random(t * d, 2, 0.0, 1.0);
     let w = random(d, 3, 0.0, 0.2);
     let w1p: Vec<f32> = w.iter().map(|v| 1.0 + v).collect();
-    let (xb, db, wb, ob) = (g.upload_new(&x).unwrap(), g.upload_new(&delta).unwrap(), g.upload_new(&w1p).unwrap(), g.alloc(t * d * 2).unwrap());
-    g.launch("add_rmsnorm_kernel", (t as u32, 1, 1), (256, 1, 1), 0, &[Arg::Ptr(xb.ptr), Arg::Ptr(db.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(ob.ptr), Arg::I32(d as i32), Arg::F32(1e-6)]).unwrap();
+    let (xb, db, wb, ob) = (
+        g.upload_new(&x).unwrap(),
+        g.upload_new(&delta).unwrap(),
+        g.upload_new(&w1p).unwrap(),
+        g.alloc(t * d * 2).unwrap(),
+    );
+    g.launch(
+        "add_rmsnorm_kernel",
+        (t as u32, 1, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::Ptr(xb.ptr),
+            Arg::Ptr(db.ptr),
+            Arg::Ptr(wb.ptr),
+            Arg::Ptr(ob.ptr),
+            Arg::I32(d as i32),
+            Arg::F32(1e-6),
+        ],
+    )
+    .unwrap();
     let sum: Vec<f32> = x.iter().zip(&delta).map(|(a, b)| a + b).collect();
     let want = rmsnorm1p(&sum, &w, 1e-6, DType::F32);
-    assert!(rel_l2(&g.download::<f32>(xb.ptr, t * d).unwrap(), &sum) < 1e-7, "residual add");
-    let e = rel_l2(&from_bf16(&g.download::<u16>(ob.ptr, t * d).unwrap()), &want);
+    assert!(
+        rel_l2(&g.download::<f32>(xb.ptr, t * d).unwrap(), &sum) < 1e-7,
+        "residual add"
+    );
+    let e = rel_l2(
+        &from_bf16(&g.download::<u16>(ob.ptr, t * d).unwrap()),
+        &want,
+    );
     assert!(e < 8e-3, "add_rmsnorm: {e}");
 }
 
@@ -67,10 +100,32 @@ fn gated_rmsnorm_kernel() {
     let o = random(t * hv * dv, 4, 0.0, 1.0);
     let z = random(t * hv * dv, 5, 0.0, 2.0);
     let w = random(dv, 6, 1.0, 0.2);
-    let (ob, zb, wb, out) = (g.upload_new(&o).unwrap(), g.upload_new(&z).unwrap(), g.upload_new(&w).unwrap(), g.alloc(t * hv * dv * 2).unwrap());
-    g.launch("gated_rmsnorm_kernel", ((t * hv) as u32, 1, 1), (dv as u32, 1, 1), 0, &[Arg::Ptr(ob.ptr), Arg::Ptr(zb.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(out.ptr), Arg::I32(dv as i32), Arg::F32(1e-6)]).unwrap();
+    let (ob, zb, wb, out) = (
+        g.upload_new(&o).unwrap(),
+        g.upload_new(&z).unwrap(),
+        g.upload_new(&w).unwrap(),
+        g.alloc(t * hv * dv * 2).unwrap(),
+    );
+    g.launch(
+        "gated_rmsnorm_kernel",
+        ((t * hv) as u32, 1, 1),
+        (dv as u32, 1, 1),
+        0,
+        &[
+            Arg::Ptr(ob.ptr),
+            Arg::Ptr(zb.ptr),
+            Arg::Ptr(wb.ptr),
+            Arg::Ptr(out.ptr),
+            Arg::I32(dv as i32),
+            Arg::F32(1e-6),
+        ],
+    )
+    .unwrap();
     let want = gated_rmsnorm(&o, &z, &w, 1e-6, DType::F32);
-    let e = rel_l2(&from_bf16(&g.download::<u16>(out.ptr, t * hv * dv).unwrap()), &want);
+    let e = rel_l2(
+        &from_bf16(&g.download::<u16>(out.ptr, t * hv * dv).unwrap()),
+        &want,
+    );
     assert!(e < 8e-3, "gated_rmsnorm: {e}");
 }
 
@@ -86,11 +141,29 @@ fn causal_conv1d_silu_kernel() {
     for (step, t) in [(0u64, 70usize), (1, 1)] {
         let x = random(t * c, 9 + step, 0.0, 1.0);
         let (xb, ob) = (g.upload_new(&x).unwrap(), g.alloc(t * c * 4).unwrap());
-        g.launch("conv_silu_kernel", (c.div_ceil(128) as u32, 1, 1), (128, 1, 1), 0, &[Arg::Ptr(xb.ptr), Arg::Ptr(sb.ptr), Arg::Ptr(tb.ptr), Arg::Ptr(ob.ptr), Arg::I32(t as i32), Arg::I32(c as i32), Arg::I32(w as i32)]).unwrap();
+        g.launch(
+            "conv_silu_kernel",
+            (c.div_ceil(128) as u32, 1, 1),
+            (128, 1, 1),
+            0,
+            &[
+                Arg::Ptr(xb.ptr),
+                Arg::Ptr(sb.ptr),
+                Arg::Ptr(tb.ptr),
+                Arg::Ptr(ob.ptr),
+                Arg::I32(t as i32),
+                Arg::I32(c as i32),
+                Arg::I32(w as i32),
+            ],
+        )
+        .unwrap();
         let want = causal_conv1d_silu(&x, t, c, &taps, w, &mut cpu_state, DType::F32);
         let e = rel_l2(&g.download::<f32>(ob.ptr, t * c).unwrap(), &want);
         assert!(e < 1e-5, "conv T={t}: {e}");
-        assert!(rel_l2(&g.download::<f32>(sb.ptr, c * (w - 1)).unwrap(), &cpu_state) < 1e-7, "conv state");
+        assert!(
+            rel_l2(&g.download::<f32>(sb.ptr, c * (w - 1)).unwrap(), &cpu_state) < 1e-7,
+            "conv state"
+        );
     }
 }
 
@@ -105,19 +178,37 @@ fn gdn_recurrence_kernel() {
         let a_log = random(hv, 12, 0.0, 0.7);
         let dt_bias = random(hv, 13, -1.0, 0.5);
         let s0 = random(hv * dk * dv, 14, 0.0, 0.1);
-        let bufs: Vec<_> = [&conv, &ba, &a_log, &dt_bias, &s0].iter().map(|v| g.upload_new(v).unwrap()).collect();
+        let bufs: Vec<_> = [&conv, &ba, &a_log, &dt_bias, &s0]
+            .iter()
+            .map(|v| g.upload_new(v).unwrap())
+            .collect();
         let ob = g.alloc(t * hv * dv * 4).unwrap();
         g.launch(
             "gdn_recurrent_kernel",
             (hv as u32, (dv / 32) as u32, 1),
             (32, 1, 1),
             0,
-            &[Arg::Ptr(bufs[0].ptr), Arg::Ptr(bufs[1].ptr), Arg::Ptr(bufs[2].ptr), Arg::Ptr(bufs[3].ptr), Arg::Ptr(bufs[4].ptr), Arg::Ptr(ob.ptr), Arg::I32(t as i32), Arg::I32(hk as i32), Arg::I32(hv as i32), Arg::I32(dv as i32)],
+            &[
+                Arg::Ptr(bufs[0].ptr),
+                Arg::Ptr(bufs[1].ptr),
+                Arg::Ptr(bufs[2].ptr),
+                Arg::Ptr(bufs[3].ptr),
+                Arg::Ptr(bufs[4].ptr),
+                Arg::Ptr(ob.ptr),
+                Arg::I32(t as i32),
+                Arg::I32(hk as i32),
+                Arg::I32(hv as i32),
+                Arg::I32(dv as i32),
+            ],
         )
         .unwrap();
         // the CPU reference, with its inputs built as lily_cpu::ops::gdn::gdn builds them
         let kd = hk * dk;
-        let (mut q, mut k, mut v) = (vec![0f32; t * kd], vec![0f32; t * kd], vec![0f32; t * hv * dv]);
+        let (mut q, mut k, mut v) = (
+            vec![0f32; t * kd],
+            vec![0f32; t * kd],
+            vec![0f32; t * hv * dv],
+        );
         for ti in 0..t {
             let row = &conv[ti * c..(ti + 1) * c];
             q[ti * kd..(ti + 1) * kd].copy_from_slice(&row[..kd]);
@@ -126,7 +217,9 @@ fn gdn_recurrence_kernel() {
         }
         l2norm_rows(&mut q, dk, (dk as f32).powf(-0.5));
         l2norm_rows(&mut k, dk, 1.0);
-        let beta: Vec<f32> = (0..t * hv).map(|i| 1.0 / (1.0 + (-ba[(i / hv) * 2 * hv + i % hv]).exp())).collect();
+        let beta: Vec<f32> = (0..t * hv)
+            .map(|i| 1.0 / (1.0 + (-ba[(i / hv) * 2 * hv + i % hv]).exp()))
+            .collect();
         let gates: Vec<f32> = (0..t * hv)
             .map(|i| {
                 let (ti, j) = (i / hv, i % hv);
@@ -135,7 +228,18 @@ fn gdn_recurrence_kernel() {
                 -a_log[j].exp() * sp
             })
             .collect();
-        let core = GdnCore { t, hk, hv, dk, dv, q: &q, k: &k, v: &v, g: &gates, beta: &beta };
+        let core = GdnCore {
+            t,
+            hk,
+            hv,
+            dk,
+            dv,
+            q: &q,
+            k: &k,
+            v: &v,
+            g: &gates,
+            beta: &beta,
+        };
         let mut s = s0.clone();
         let want = core.run(&mut s, GdnForm::Recurrent);
         let e = rel_l2(&g.download::<f32>(ob.ptr, t * hv * dv).unwrap(), &want);
@@ -152,7 +256,10 @@ fn attention_prep_and_attention() {
     let Some(g) = gpu() else { return };
     let (hq, hkv, dh, rot, theta) = (16usize, 2usize, 256usize, 64usize, 1e7f64);
     let max_seq = 4200;
-    let (kc, vc) = (g.alloc(max_seq * hkv * dh * 2).unwrap(), g.alloc(max_seq * hkv * dh * 2).unwrap());
+    let (kc, vc) = (
+        g.alloc(max_seq * hkv * dh * 2).unwrap(),
+        g.alloc(max_seq * hkv * dh * 2).unwrap(),
+    );
     // fill the cache for positions 0..pos0 with random bf16 keys/values
     let pos0 = 4000usize;
     let k_hist = random(pos0 * hkv * dh, 20, 0.0, 1.0);
@@ -167,7 +274,10 @@ fn attention_prep_and_attention() {
     let kn = random(dh, 26, 0.0, 0.2);
     let qn1p: Vec<f32> = qn.iter().map(|x| 1.0 + x).collect();
     let kn1p: Vec<f32> = kn.iter().map(|x| 1.0 + x).collect();
-    let b: Vec<_> = [&qg, &k, &v, &qn1p, &kn1p].iter().map(|x| g.upload_new(x).unwrap()).collect();
+    let b: Vec<_> = [&qg, &k, &v, &qn1p, &kn1p]
+        .iter()
+        .map(|x| g.upload_new(x).unwrap())
+        .collect();
     let pos = g.upload_new(&[pos0 as i32]).unwrap();
     let qout = g.alloc(t * hq * dh * 4).unwrap();
     let out = g.alloc(t * hq * dh * 2).unwrap();
@@ -176,7 +286,24 @@ fn attention_prep_and_attention() {
         (t as u32, (hq + hkv) as u32, 1),
         (dh as u32, 1, 1),
         0,
-        &[Arg::Ptr(b[0].ptr), Arg::Ptr(b[1].ptr), Arg::Ptr(b[2].ptr), Arg::Ptr(b[3].ptr), Arg::Ptr(b[4].ptr), Arg::Ptr(pos.ptr), Arg::Ptr(qout.ptr), Arg::Ptr(kc.ptr), Arg::Ptr(vc.ptr), Arg::I32(hq as i32), Arg::I32(hkv as i32), Arg::I32(dh as i32), Arg::I32(rot as i32), Arg::F32(theta as f32), Arg::F32(1e-6), Arg::I32(1)],
+        &[
+            Arg::Ptr(b[0].ptr),
+            Arg::Ptr(b[1].ptr),
+            Arg::Ptr(b[2].ptr),
+            Arg::Ptr(b[3].ptr),
+            Arg::Ptr(b[4].ptr),
+            Arg::Ptr(pos.ptr),
+            Arg::Ptr(qout.ptr),
+            Arg::Ptr(kc.ptr),
+            Arg::Ptr(vc.ptr),
+            Arg::I32(hq as i32),
+            Arg::I32(hkv as i32),
+            Arg::I32(dh as i32),
+            Arg::I32(rot as i32),
+            Arg::F32(theta as f32),
+            Arg::F32(1e-6),
+            Arg::I32(1),
+        ],
     )
     .unwrap();
     let scale = (dh as f32).powf(-0.5);
@@ -185,7 +312,19 @@ fn attention_prep_and_attention() {
         (t as u32, hq as u32, 1),
         (256, 1, 1),
         0,
-        &[Arg::Ptr(qout.ptr), Arg::Ptr(kc.ptr), Arg::Ptr(vc.ptr), Arg::Ptr(b[0].ptr), Arg::Ptr(pos.ptr), Arg::Ptr(out.ptr), Arg::I32(hq as i32), Arg::I32(hkv as i32), Arg::I32(dh as i32), Arg::F32(scale), Arg::I32(1)],
+        &[
+            Arg::Ptr(qout.ptr),
+            Arg::Ptr(kc.ptr),
+            Arg::Ptr(vc.ptr),
+            Arg::Ptr(b[0].ptr),
+            Arg::Ptr(pos.ptr),
+            Arg::Ptr(out.ptr),
+            Arg::I32(hq as i32),
+            Arg::I32(hkv as i32),
+            Arg::I32(dh as i32),
+            Arg::F32(scale),
+            Arg::I32(1),
+        ],
     )
     .unwrap();
     // CPU: the same prep with the reference ops
@@ -201,7 +340,11 @@ fn attention_prep_and_attention() {
             rope::apply(&mut q[(ti * hq + h) * dh..(ti * hq + h) * dh + rot], &c, &s);
         }
         for h in 0..hkv {
-            rope::apply(&mut kk[(ti * hkv + h) * dh..(ti * hkv + h) * dh + rot], &c, &s);
+            rope::apply(
+                &mut kk[(ti * hkv + h) * dh..(ti * hkv + h) * dh + rot],
+                &c,
+                &s,
+            );
         }
     }
     let gq: Vec<f32> = g.download(qout.ptr, t * hq * dh).unwrap();
@@ -219,18 +362,28 @@ fn attention_prep_and_attention() {
             let qv = &gq[(ti * hq + h) * dh..(ti * hq + h + 1) * dh];
             let n = pos0 + ti + 1;
             let sc: Vec<f64> = (0..n)
-                .map(|j| (0..dh).map(|d| qv[d] as f64 * cache_k[(j * hkv + kh) * dh + d] as f64).sum::<f64>() * scale as f64)
+                .map(|j| {
+                    (0..dh)
+                        .map(|d| qv[d] as f64 * cache_k[(j * hkv + kh) * dh + d] as f64)
+                        .sum::<f64>()
+                        * scale as f64
+                })
                 .collect();
             let m = sc.iter().cloned().fold(f64::MIN, f64::max);
             let z: f64 = sc.iter().map(|s| (s - m).exp()).sum();
             for d in 0..dh {
-                let o: f64 = (0..n).map(|j| (sc[j] - m).exp() / z * cache_v[(j * hkv + kh) * dh + d] as f64).sum();
+                let o: f64 = (0..n)
+                    .map(|j| (sc[j] - m).exp() / z * cache_v[(j * hkv + kh) * dh + d] as f64)
+                    .sum();
                 let gate = qg[(ti * hq + h) * 2 * dh + dh + d] as f64;
                 want[(ti * hq + h) * dh + d] = (o / (1.0 + (-gate).exp())) as f32;
             }
         }
     }
-    let e = rel_l2(&from_bf16(&g.download::<u16>(out.ptr, t * hq * dh).unwrap()), &want);
+    let e = rel_l2(
+        &from_bf16(&g.download::<u16>(out.ptr, t * hq * dh).unwrap()),
+        &want,
+    );
     assert!(e < 8e-3, "attention over {pos0}+ positions: {e}");
 }
 
@@ -244,26 +397,105 @@ fn moe_experts() {
     use std::sync::Arc;
     let Some(g) = gpu() else { return };
     let (e, f, fs, d, k, t) = (256usize, 512usize, 512usize, 2048usize, 8usize, 3usize);
-    let proc_ = |seed: u64, std: f32| Procedural { seed, mean: 0.0, std };
-    let (pgu, pdn, psgu, psdn) = (proc_(31, 0.022), proc_(32, 0.044), proc_(33, 0.022), proc_(34, 0.044));
+    let proc_ = |seed: u64, std: f32| Procedural {
+        seed,
+        mean: 0.0,
+        std,
+    };
+    let (pgu, pdn, psgu, psdn) = (
+        proc_(31, 0.022),
+        proc_(32, 0.044),
+        proc_(33, 0.022),
+        proc_(34, 0.044),
+    );
     let fill = |p: Procedural, n: usize| {
         let b = g.alloc(n * 2).unwrap();
-        g.launch("procedural_fill_kernel", (1024, 1, 1), (256, 1, 1), 0, &[Arg::Ptr(b.ptr), Arg::U64(n as u64), Arg::U64(0), Arg::U64(p.seed), Arg::F32(p.mean), Arg::F32(p.std)]).unwrap();
+        g.launch(
+            "procedural_fill_kernel",
+            (1024, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(b.ptr),
+                Arg::U64(n as u64),
+                Arg::U64(0),
+                Arg::U64(p.seed),
+                Arg::F32(p.mean),
+                Arg::F32(p.std),
+            ],
+        )
+        .unwrap();
         b
     };
-    let (gu, dn, sgu, sdn) = (fill(pgu, e * 2 * f * d), fill(pdn, e * d * f), fill(psgu, 2 * fs * d), fill(psdn, d * fs));
-    let x: Vec<f32> = random(t * d, 35, 0.0, 1.0).iter().map(|v| half::bf16::from_f32(*v).to_f32()).collect();
+    let (gu, dn, sgu, sdn) = (
+        fill(pgu, e * 2 * f * d),
+        fill(pdn, e * d * f),
+        fill(psgu, 2 * fs * d),
+        fill(psdn, d * fs),
+    );
+    let x: Vec<f32> = random(t * d, 35, 0.0, 1.0)
+        .iter()
+        .map(|v| half::bf16::from_f32(*v).to_f32())
+        .collect();
     let resid = random(t * d, 36, 0.0, 1.0);
     let idx: Vec<i32> = (0..t * k).map(|i| ((i * 37 + 11) % e) as i32).collect();
     let wts: Vec<f32> = random(t * (k + 1), 37, 0.5, 0.2);
-    let (xb, ib, wb, rb, hb) = (g.upload_new(&bf16(&x)).unwrap(), g.upload_new(&idx).unwrap(), g.upload_new(&wts).unwrap(), g.upload_new(&resid).unwrap(), g.alloc(t * (k + 1) * f.max(fs) * 2).unwrap());
-    g.launch("moe_gate_up_kernel", (f.max(fs).div_ceil(8) as u32, (k + 1) as u32, t as u32), (256, 1, 1), 0, &[Arg::Ptr(xb.ptr), Arg::Ptr(gu.ptr), Arg::Ptr(sgu.ptr), Arg::Ptr(ib.ptr), Arg::Ptr(hb.ptr), Arg::I32(d as i32), Arg::I32(f as i32), Arg::I32(fs as i32), Arg::I32(k as i32)]).unwrap();
-    g.launch("moe_down_kernel", (d.div_ceil(8) as u32, t as u32, 1), (256, 1, 1), 0, &[Arg::Ptr(hb.ptr), Arg::Ptr(dn.ptr), Arg::Ptr(sdn.ptr), Arg::Ptr(ib.ptr), Arg::Ptr(wb.ptr), Arg::Ptr(rb.ptr), Arg::I32(d as i32), Arg::I32(f as i32), Arg::I32(fs as i32), Arg::I32(k as i32)]).unwrap();
+    let (xb, ib, wb, rb, hb) = (
+        g.upload_new(&bf16(&x)).unwrap(),
+        g.upload_new(&idx).unwrap(),
+        g.upload_new(&wts).unwrap(),
+        g.upload_new(&resid).unwrap(),
+        g.alloc(t * (k + 1) * f.max(fs) * 2).unwrap(),
+    );
+    g.launch(
+        "moe_gate_up_kernel",
+        (f.max(fs).div_ceil(8) as u32, (k + 1) as u32, t as u32),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::Ptr(xb.ptr),
+            Arg::Ptr(gu.ptr),
+            Arg::Ptr(sgu.ptr),
+            Arg::Ptr(ib.ptr),
+            Arg::Ptr(hb.ptr),
+            Arg::I32(d as i32),
+            Arg::I32(f as i32),
+            Arg::I32(fs as i32),
+            Arg::I32(k as i32),
+        ],
+    )
+    .unwrap();
+    g.launch(
+        "moe_down_kernel",
+        (d.div_ceil(8) as u32, t as u32, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::Ptr(hb.ptr),
+            Arg::Ptr(dn.ptr),
+            Arg::Ptr(sdn.ptr),
+            Arg::Ptr(ib.ptr),
+            Arg::Ptr(wb.ptr),
+            Arg::Ptr(rb.ptr),
+            Arg::I32(d as i32),
+            Arg::I32(f as i32),
+            Arg::I32(fs as i32),
+            Arg::I32(k as i32),
+        ],
+    )
+    .unwrap();
     let got: Vec<f32> = g.download(rb.ptr, t * d).unwrap();
     // CPU: the same weights through views of procedural tensors
     let mat = |p: Procedural, shape: Vec<usize>| Mat::whole(Arc::new(Tensor::procedural(shape, p)));
     let (mgu, mdn) = (mat(pgu, vec![e, 2 * f, d]), mat(pdn, vec![e, d, f]));
-    let shared = { let s = mat(psgu, vec![2 * fs, d]); Ffn { gate: s.rows(0, fs), up: s.rows(fs, fs), down: mat(psdn, vec![d, fs]) } };
+    let shared = {
+        let s = mat(psgu, vec![2 * fs, d]);
+        Ffn {
+            gate: s.rows(0, fs),
+            up: s.rows(fs, fs),
+            down: mat(psdn, vec![d, fs]),
+        }
+    };
     let mut want = resid.clone();
     for ti in 0..t {
         let xr = &x[ti * d..(ti + 1) * d];
@@ -272,7 +504,11 @@ fn moe_experts() {
                 shared.clone()
             } else {
                 let ex = idx[ti * k + slot] as usize;
-                Ffn { gate: mgu.rows(ex * 2 * f, f), up: mgu.rows(ex * 2 * f + f, f), down: mdn.rows(ex * d, d) }
+                Ffn {
+                    gate: mgu.rows(ex * 2 * f, f),
+                    up: mgu.rows(ex * 2 * f + f, f),
+                    down: mdn.rows(ex * d, d),
+                }
             };
             let y = lily_cpu::ops::moe::ffn_seq(xr, 1, &ffn, DType::F32);
             for i in 0..d {

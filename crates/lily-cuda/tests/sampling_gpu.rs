@@ -65,7 +65,9 @@ fn llm_logits(seed: u64, sigma: f32, peaks: usize) -> Vec<f32> {
 /// probabilities, normalised over the kept ones.
 fn host_kept(logits: &[f32], p: &GpuSampleParams) -> (Vec<u32>, Vec<f64>) {
     let l = &logits[..VALID.min(logits.len())];
-    let mut idx: Vec<u32> = (0..l.len() as u32).filter(|&i| !l[i as usize].is_nan()).collect();
+    let mut idx: Vec<u32> = (0..l.len() as u32)
+        .filter(|&i| !l[i as usize].is_nan())
+        .collect();
     let by_logit = |a: &u32, b: &u32| l[*b as usize].total_cmp(&l[*a as usize]).then(a.cmp(b));
     if p.top_k > 0 && p.top_k < idx.len() {
         idx.select_nth_unstable_by(p.top_k - 1, by_logit);
@@ -74,7 +76,10 @@ fn host_kept(logits: &[f32], p: &GpuSampleParams) -> (Vec<u32>, Vec<f64>) {
     idx.sort_unstable_by(by_logit);
     let t = p.temperature as f64;
     let m = l[idx[0] as usize] as f64;
-    let mut probs: Vec<f64> = idx.iter().map(|&i| ((l[i as usize] as f64 - m) / t).exp()).collect();
+    let mut probs: Vec<f64> = idx
+        .iter()
+        .map(|&i| ((l[i as usize] as f64 - m) / t).exp())
+        .collect();
     let z: f64 = probs.iter().sum();
     probs.iter_mut().for_each(|x| *x /= z);
     let mut keep = probs.len();
@@ -145,7 +150,12 @@ impl Dev {
     fn new(gpu: Gpu, logits: &[f32]) -> Dev {
         let buf = gpu.upload_new(logits).unwrap();
         let out = gpu.alloc(4).unwrap();
-        Dev { gpu, logits: buf, out, valid: VALID }
+        Dev {
+            gpu,
+            logits: buf,
+            out,
+            valid: VALID,
+        }
     }
     fn set(&mut self, logits: &[f32]) {
         assert!(logits.len() * 4 <= self.logits.bytes);
@@ -155,7 +165,11 @@ impl Dev {
         self.gpu.upload(self.out.ptr, &[-1i32]).unwrap();
         sample_into(&self.gpu, self.logits.ptr, self.valid, p, u, self.out.ptr).unwrap();
         let id = self.gpu.download::<i32>(self.out.ptr, 1).unwrap()[0];
-        assert!(id >= 0 && (id as usize) < self.valid, "id {id} out of range (valid {})", self.valid);
+        assert!(
+            id >= 0 && (id as usize) < self.valid,
+            "id {id} out of range (valid {})",
+            self.valid
+        );
         id as u32
     }
 }
@@ -209,8 +223,16 @@ fn check_draws(what: &str, picks: &[(f32, u32)], kept: &(Vec<u32>, Vec<f64>), id
     by_id.sort_by_key(|x| x.0);
     let mut differ = 0;
     for &(u, id) in picks {
-        assert!(set.contains(&id), "{what}: drew {id} (u = {u}), not among the {} kept tokens", set.len());
-        let want = if id_order { host_pick_id_order(&by_id, u as f64) } else { host_pick(kept, u as f64) };
+        assert!(
+            set.contains(&id),
+            "{what}: drew {id} (u = {u}), not among the {} kept tokens",
+            set.len()
+        );
+        let want = if id_order {
+            host_pick_id_order(&by_id, u as f64)
+        } else {
+            host_pick(kept, u as f64)
+        };
         if want != id {
             differ += 1;
         }
@@ -232,11 +254,25 @@ fn greedy_and_top_k_1_match_host_argmax() {
         l[(seed as usize * 7919) % VALID] = f32::NAN;
         dev.set(&l);
         let want = host_argmax(&l);
-        assert_eq!(dev.pick(&GpuSampleParams::greedy(), 0.3), want, "greedy, seed {seed}");
-        let p = GpuSampleParams { temperature: 1.0, top_k: 1, top_p: 1.0, min_p: 0.0 };
+        assert_eq!(
+            dev.pick(&GpuSampleParams::greedy(), 0.3),
+            want,
+            "greedy, seed {seed}"
+        );
+        let p = GpuSampleParams {
+            temperature: 1.0,
+            top_k: 1,
+            top_p: 1.0,
+            min_p: 0.0,
+        };
         assert_eq!(dev.pick(&p, 0.99), want, "top_k = 1, seed {seed}");
         // a tiny temperature is greedy in all but name
-        let p = GpuSampleParams { temperature: 1e-4, top_k: 0, top_p: 1.0, min_p: 0.0 };
+        let p = GpuSampleParams {
+            temperature: 1e-4,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+        };
         assert_eq!(dev.pick(&p, 0.5), want, "T = 1e-4, seed {seed}");
     }
 }
@@ -247,22 +283,43 @@ fn top_k_20_stays_in_the_host_top_20() {
     let l = llm_logits(11, 2.5, 40);
     let mut dev = Dev::new(gpu, &l);
     for (t, top_p) in [(1.0f32, 1.0f32), (0.7, 0.95), (1.3, 0.8)] {
-        let p = GpuSampleParams { temperature: t, top_k: 20, top_p, min_p: 0.0 };
+        let p = GpuSampleParams {
+            temperature: t,
+            top_k: 20,
+            top_p,
+            min_p: 0.0,
+        };
         let kept = host_kept(&l, &p);
         assert!(kept.0.len() <= 20);
         let picks = draws(&dev, &p, 2000, 100 + (t * 10.0) as u64);
-        check_draws(&format!("top_k 20, T {t}, top_p {top_p}"), &picks, &kept, false);
+        check_draws(
+            &format!("top_k 20, T {t}, top_p {top_p}"),
+            &picks,
+            &kept,
+            false,
+        );
     }
     // Qwen's thinking-mode defaults over fresh logits
     for seed in 20..24u64 {
         let l = llm_logits(seed, 3.0, 20);
         dev.set(&l);
-        let p = GpuSampleParams { temperature: 0.6, top_k: 20, top_p: 0.95, min_p: 0.0 };
+        let p = GpuSampleParams {
+            temperature: 0.6,
+            top_k: 20,
+            top_p: 0.95,
+            min_p: 0.0,
+        };
         let kept = host_kept(&l, &p);
         let picks = draws(&dev, &p, 500, seed);
         let top20: std::collections::HashSet<u32> =
-            host_kept(&l, &GpuSampleParams { top_p: 1.0, ..p }).0.into_iter().collect();
-        assert!(picks.iter().all(|(_, id)| top20.contains(id)), "seed {seed}: drew outside the top 20");
+            host_kept(&l, &GpuSampleParams { top_p: 1.0, ..p })
+                .0
+                .into_iter()
+                .collect();
+        assert!(
+            picks.iter().all(|(_, id)| top20.contains(id)),
+            "seed {seed}: drew outside the top 20"
+        );
         check_draws(&format!("qwen defaults, seed {seed}"), &picks, &kept, false);
     }
 }
@@ -281,14 +338,31 @@ fn strong_tokens_crowded_on_one_thread() {
     }
     let dev = Dev::new(gpu, &l);
     for p in [
-        GpuSampleParams { temperature: 1.0, top_k: 20, top_p: 1.0, min_p: 0.0 },
-        GpuSampleParams { temperature: 1.0, top_k: 5, top_p: 0.9, min_p: 0.0 },
-        GpuSampleParams { temperature: 1.0, top_k: 0, top_p: 0.9, min_p: 0.0 },
+        GpuSampleParams {
+            temperature: 1.0,
+            top_k: 20,
+            top_p: 1.0,
+            min_p: 0.0,
+        },
+        GpuSampleParams {
+            temperature: 1.0,
+            top_k: 5,
+            top_p: 0.9,
+            min_p: 0.0,
+        },
+        GpuSampleParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.9,
+            min_p: 0.0,
+        },
     ] {
         let kept = host_kept(&l, &p);
         let picks = draws(&dev, &p, 1000, 71);
         // without top-k the window may be too wide to sort: then ids are walked in order
-        let id_order = picks.iter().any(|&(u, id)| id != host_pick(&kept, u as f64));
+        let id_order = picks
+            .iter()
+            .any(|&(u, id)| id != host_pick(&kept, u as f64));
         check_draws(&format!("crowded, {p:?}"), &picks, &kept, id_order);
     }
 }
@@ -309,13 +383,23 @@ fn top_p_keeps_only_the_nucleus() {
         *x = 50.0;
     }
     let dev = Dev::new(gpu, &l);
-    let p = GpuSampleParams { temperature: 1.0, top_k: 0, top_p: 0.5, min_p: 0.0 };
+    let p = GpuSampleParams {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 0.5,
+        min_p: 0.0,
+    };
     let kept = host_kept(&l, &p);
     assert_eq!(kept.0, vec![1234, 200_000, 77]);
     let picks = draws(&dev, &p, 2000, 7);
     check_draws("nucleus of 3", &picks, &kept, false);
     // with top-k on as well
-    let p = GpuSampleParams { temperature: 1.0, top_k: 50, top_p: 0.5, min_p: 0.0 };
+    let p = GpuSampleParams {
+        temperature: 1.0,
+        top_k: 50,
+        top_p: 0.5,
+        min_p: 0.0,
+    };
     let picks = draws(&dev, &p, 500, 8);
     check_draws("nucleus of 3, top_k 50", &picks, &host_kept(&l, &p), false);
 }
@@ -332,15 +416,26 @@ fn top_p_over_a_flat_distribution_uses_the_wide_path() {
     }
     let dev = Dev::new(gpu, &l);
     for (t, top_p) in [(1.0f32, 0.5f32), (0.8, 0.9), (1.0, 1.0)] {
-        let p = GpuSampleParams { temperature: t, top_k: 0, top_p, min_p: 0.0 };
+        let p = GpuSampleParams {
+            temperature: t,
+            top_k: 0,
+            top_p,
+            min_p: 0.0,
+        };
         let kept = host_kept(&l, &p);
-        assert!(kept.0.len() > 4096, "the nucleus should not fit the fast path");
+        assert!(
+            kept.0.len() > 4096,
+            "the nucleus should not fit the fast path"
+        );
         let picks = draws(&dev, &p, 2000, 31);
         check_draws(&format!("flat, T {t}, top_p {top_p}"), &picks, &kept, true);
         // the draw walks ids in order: a larger u never gives a smaller id
         let mut sorted = picks.clone();
         sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
-        assert!(sorted.windows(2).all(|w| w[0].1 <= w[1].1), "ids not monotone in u");
+        assert!(
+            sorted.windows(2).all(|w| w[0].1 <= w[1].1),
+            "ids not monotone in u"
+        );
     }
 }
 
@@ -350,15 +445,33 @@ fn large_top_k_uses_the_wide_path() {
     let l = llm_logits(17, 1.5, 10);
     let dev = Dev::new(gpu, &l);
     for (k, top_p) in [(3000usize, 1.0f32), (5000, 0.9), (1024, 1.0), (1500, 0.7)] {
-        let p = GpuSampleParams { temperature: 1.0, top_k: k, top_p, min_p: 0.0 };
+        let p = GpuSampleParams {
+            temperature: 1.0,
+            top_k: k,
+            top_p,
+            min_p: 0.0,
+        };
         let kept = host_kept(&l, &p);
         let picks = draws(&dev, &p, 2000, k as u64);
         let topk: std::collections::HashSet<u32> =
-            host_kept(&l, &GpuSampleParams { top_p: 1.0, ..p }).0.into_iter().collect();
-        assert!(picks.iter().all(|(_, id)| topk.contains(id)), "top_k {k}: drew outside the top k");
+            host_kept(&l, &GpuSampleParams { top_p: 1.0, ..p })
+                .0
+                .into_iter()
+                .collect();
+        assert!(
+            picks.iter().all(|(_, id)| topk.contains(id)),
+            "top_k {k}: drew outside the top k"
+        );
         // k <= 1024 with a window that fits sorts like the CPU; otherwise id order
-        let id_order = picks.iter().any(|&(u, id)| id != host_pick(&kept, u as f64));
-        check_draws(&format!("top_k {k}, top_p {top_p}"), &picks, &kept, id_order);
+        let id_order = picks
+            .iter()
+            .any(|&(u, id)| id != host_pick(&kept, u as f64));
+        check_draws(
+            &format!("top_k {k}, top_p {top_p}"),
+            &picks,
+            &kept,
+            id_order,
+        );
     }
 }
 
@@ -372,20 +485,43 @@ fn min_p_excludes_low_tokens() {
     }
     let mut dev = Dev::new(gpu, &l);
     for (min_p, top_k) in [(0.1f32, 0usize), (0.3, 0), (0.1, 20), (1.0, 0)] {
-        let p = GpuSampleParams { temperature: 1.0, top_k, top_p: 1.0, min_p };
+        let p = GpuSampleParams {
+            temperature: 1.0,
+            top_k,
+            top_p: 1.0,
+            min_p,
+        };
         let kept = host_kept(&l, &p);
         let floor = 12.0 + min_p.ln();
         assert!(kept.0.iter().all(|&i| l[i as usize] >= floor - 1e-4));
         let picks = draws(&dev, &p, 2000, 3);
-        assert!(picks.iter().all(|&(_, id)| l[id as usize] >= floor - 1e-4), "min_p {min_p}: drew below the floor");
-        check_draws(&format!("min_p {min_p}, top_k {top_k}"), &picks, &kept, false);
+        assert!(
+            picks.iter().all(|&(_, id)| l[id as usize] >= floor - 1e-4),
+            "min_p {min_p}: drew below the floor"
+        );
+        check_draws(
+            &format!("min_p {min_p}, top_k {top_k}"),
+            &picks,
+            &kept,
+            false,
+        );
     }
     // all three together, fresh logits
     let l = llm_logits(29, 3.0, 40);
     dev.set(&l);
-    let p = GpuSampleParams { temperature: 0.8, top_k: 50, top_p: 0.9, min_p: 0.05 };
+    let p = GpuSampleParams {
+        temperature: 0.8,
+        top_k: 50,
+        top_p: 0.9,
+        min_p: 0.05,
+    };
     let picks = draws(&dev, &p, 2000, 4);
-    check_draws("T 0.8, top_k 50, top_p 0.9, min_p 0.05", &picks, &host_kept(&l, &p), false);
+    check_draws(
+        "T 0.8, top_k 50, top_p 0.9, min_p 0.05",
+        &picks,
+        &host_kept(&l, &p),
+        false,
+    );
 }
 
 #[test]
@@ -402,13 +538,36 @@ fn padding_and_nan_are_never_chosen() {
     let dev = Dev::new(gpu, &l);
     for p in [
         GpuSampleParams::greedy(),
-        GpuSampleParams { temperature: 1.0, top_k: 20, top_p: 1.0, min_p: 0.0 },
-        GpuSampleParams { temperature: 2.0, top_k: 0, top_p: 1.0, min_p: 0.0 },
-        GpuSampleParams { temperature: 1.0, top_k: 0, top_p: 0.95, min_p: 0.0 },
-        GpuSampleParams { temperature: 1.0, top_k: 4000, top_p: 1.0, min_p: 0.0 },
+        GpuSampleParams {
+            temperature: 1.0,
+            top_k: 20,
+            top_p: 1.0,
+            min_p: 0.0,
+        },
+        GpuSampleParams {
+            temperature: 2.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+        },
+        GpuSampleParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.95,
+            min_p: 0.0,
+        },
+        GpuSampleParams {
+            temperature: 1.0,
+            top_k: 4000,
+            top_p: 1.0,
+            min_p: 0.0,
+        },
     ] {
         for (u, id) in draws(&dev, &p, 300, 41) {
-            assert!((id as usize) < VALID && !l[id as usize].is_nan(), "{p:?}: drew {id} at u = {u}");
+            assert!(
+                (id as usize) < VALID && !l[id as usize].is_nan(),
+                "{p:?}: drew {id} at u = {u}"
+            );
         }
     }
 }
@@ -419,10 +578,30 @@ fn same_u_gives_the_same_id() {
     let l = llm_logits(43, 2.0, 25);
     let dev = Dev::new(gpu, &l);
     for p in [
-        GpuSampleParams { temperature: 1.0, top_k: 20, top_p: 0.95, min_p: 0.0 },
-        GpuSampleParams { temperature: 1.0, top_k: 0, top_p: 0.9, min_p: 0.0 },
-        GpuSampleParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0 },
-        GpuSampleParams { temperature: 0.9, top_k: 2000, top_p: 0.8, min_p: 0.01 },
+        GpuSampleParams {
+            temperature: 1.0,
+            top_k: 20,
+            top_p: 0.95,
+            min_p: 0.0,
+        },
+        GpuSampleParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.9,
+            min_p: 0.0,
+        },
+        GpuSampleParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+        },
+        GpuSampleParams {
+            temperature: 0.9,
+            top_k: 2000,
+            top_p: 0.8,
+            min_p: 0.01,
+        },
     ] {
         for (u, id) in draws(&dev, &p, 40, 47) {
             for _ in 0..5 {
@@ -442,16 +621,31 @@ fn small_and_degenerate_vocabularies() {
     l[40..].iter_mut().for_each(|x| *x = 1e9);
     dev.valid = 37;
     dev.set(&l);
-    let p = GpuSampleParams { temperature: 1.0, top_k: 5, top_p: 0.9, min_p: 0.0 };
+    let p = GpuSampleParams {
+        temperature: 1.0,
+        top_k: 5,
+        top_p: 0.9,
+        min_p: 0.0,
+    };
     let mut lv = l[..37].to_vec();
     lv.resize(VALID, f32::NAN); // host_kept reads ids < VALID; NaN = not a token
     let kept = host_kept(&lv, &p);
-    check_draws("37 tokens, top_k 5", &draws(&dev, &p, 2000, 59), &kept, false);
+    check_draws(
+        "37 tokens, top_k 5",
+        &draws(&dev, &p, 2000, 59),
+        &kept,
+        false,
+    );
     // all NaN: 0; one +inf: that token; -inf everywhere but NaN: the first real one
     dev.valid = 100;
     let mut l = vec![f32::NAN; 128];
     dev.set(&l);
-    let p = GpuSampleParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0 };
+    let p = GpuSampleParams {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+    };
     assert_eq!(dev.pick(&p, 0.5), 0);
     l[17] = f32::INFINITY;
     l[3] = 1.0;
@@ -470,19 +664,55 @@ fn timing() {
     let dev = Dev::new(gpu, &l);
     for p in [
         GpuSampleParams::greedy(),
-        GpuSampleParams { temperature: 0.6, top_k: 20, top_p: 0.95, min_p: 0.0 },
-        GpuSampleParams { temperature: 1.0, top_k: 0, top_p: 0.95, min_p: 0.0 },
-        GpuSampleParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.05 },
-        GpuSampleParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0 },
-        GpuSampleParams { temperature: 1.0, top_k: 3000, top_p: 0.9, min_p: 0.0 },
+        GpuSampleParams {
+            temperature: 0.6,
+            top_k: 20,
+            top_p: 0.95,
+            min_p: 0.0,
+        },
+        GpuSampleParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.95,
+            min_p: 0.0,
+        },
+        GpuSampleParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.05,
+        },
+        GpuSampleParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+        },
+        GpuSampleParams {
+            temperature: 1.0,
+            top_k: 3000,
+            top_p: 0.9,
+            min_p: 0.0,
+        },
     ] {
         dev.pick(&p, 0.5);
         let n = 200;
         let t0 = std::time::Instant::now();
         for i in 0..n {
-            sample_into(&dev.gpu, dev.logits.ptr, VALID, &p, (i as f32 + 0.5) / n as f32, dev.out.ptr).unwrap();
+            sample_into(
+                &dev.gpu,
+                dev.logits.ptr,
+                VALID,
+                &p,
+                (i as f32 + 0.5) / n as f32,
+                dev.out.ptr,
+            )
+            .unwrap();
         }
         dev.gpu.sync().unwrap();
-        println!("{p:?}: {:.1} us per draw", t0.elapsed().as_secs_f64() * 1e6 / n as f64);
+        println!(
+            "{p:?}: {:.1} us per draw",
+            t0.elapsed().as_secs_f64() * 1e6 / n as f64
+        );
     }
 }
