@@ -12,12 +12,14 @@ use lily_engine::generate::Generation;
 use serde_json::{json, Value};
 
 use crate::generate::{stats_line, Printer, Runner, SamplingArgs};
-use crate::ModelArgs;
+use crate::{DeviceArgs, ModelArgs};
 
 #[derive(Args)]
 pub struct ChatArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
     /// A system message for the conversation
     #[arg(long)]
     pub system: Option<String>,
@@ -34,7 +36,7 @@ pub struct ChatArgs {
 const HELP: &str = "commands: /think  /no_think  /reset  /system TEXT  /stats  /help  /exit  (Ctrl-C stops an answer, Ctrl-D exits)";
 
 pub fn run(a: ChatArgs) -> Result<()> {
-    let r = Runner::load(&a.model)?;
+    let r = Runner::load(&a.model, &a.device)?;
     let interrupted = Arc::new(AtomicBool::new(false));
     {
         let flag = interrupted.clone();

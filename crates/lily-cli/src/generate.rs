@@ -5,7 +5,7 @@ use std::io::{IsTerminal, Read, Write};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use lily_cpu::CpuModel;
+use lily_engine::backend::Backend;
 use lily_engine::assets::TextAssets;
 use lily_engine::generate::{generate, GenerateRequest, Generation};
 use lily_engine::parse::{Event, OutputParser, ToolCall};
@@ -13,7 +13,7 @@ use lily_engine::sampling::SamplingParams;
 use lily_model::chat_template::RenderOptions;
 use serde_json::{json, Value};
 
-use crate::ModelArgs;
+use crate::{DeviceArgs, ModelArgs};
 
 /// Sampling flags; anything not given comes from generation_config.json.
 #[derive(Args, Clone, Debug, Default)]
@@ -78,6 +78,8 @@ impl SamplingArgs {
 pub struct GenerateArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
     /// The user message (read from stdin when absent)
     #[arg(long)]
     pub prompt: Option<String>,
@@ -102,16 +104,15 @@ pub struct GenerateArgs {
 
 /// A loaded model with its tokenizer, template and defaults.
 pub struct Runner {
-    pub model: CpuModel,
+    pub model: Backend,
     pub assets: TextAssets,
 }
 
 impl Runner {
-    pub fn load(m: &ModelArgs) -> Result<Runner> {
-        let source = m.source();
-        let (cfg, w) = source.load()?;
-        let assets = TextAssets::load(&source, cfg.vocab_size)?;
-        Ok(Runner { model: CpuModel::new(cfg, w), assets })
+    pub fn load(m: &ModelArgs, d: &DeviceArgs) -> Result<Runner> {
+        let model = d.load(m, true)?;
+        let assets = TextAssets::load(&m.source(), model.cfg().vocab_size)?;
+        Ok(Runner { model, assets })
     }
 
     /// Render the conversation with the chat template, ready for the answer.
@@ -238,7 +239,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     if prompt_text.is_empty() && a.system.is_none() {
         bail!("empty prompt: give --prompt TEXT or text on stdin");
     }
-    let r = Runner::load(&a.model)?;
+    let r = Runner::load(&a.model, &a.device)?;
     let think = !a.no_think && !a.raw;
     let prompt = if a.raw {
         r.assets.tokenizer.encode(&prompt_text)?

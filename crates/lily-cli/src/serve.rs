@@ -8,12 +8,15 @@ use lily_model::ModelSource;
 use lily_server::ServerConfig;
 
 use crate::generate::Runner;
-use crate::ModelArgs;
+use crate::{DeviceArgs, ModelArgs};
 
 #[derive(Args)]
 pub struct ServeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// auto (CUDA when a GPU is present), cpu or cuda
+    #[arg(long, default_value = "auto")]
+    pub device: lily_engine::backend::Device,
     /// Address to bind (loopback by default; 0.0.0.0 exposes the server to the network)
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -62,12 +65,17 @@ pub fn run(a: ServeArgs) -> Result<()> {
     };
     let served = a.served_model_name.clone().unwrap_or(served);
     let api_key = a.api_key.clone().or_else(|| std::env::var("LILY_API_KEY").ok()).filter(|k| !k.is_empty());
-    let r = Runner::load(&a.model)?;
-    let limit = r.model.cfg.max_position_embeddings;
+    let limit = match a.model.source() {
+        lily_model::ModelSource::Dir(d) => lily_model::Config::from_file(&d.join("config.json"))?.max_position_embeddings,
+        lily_model::ModelSource::Synthetic(n) => lily_model::Config::synthetic(&n)?.max_position_embeddings,
+    };
     let max_seq = a.max_seq.unwrap_or(limit);
     if max_seq < 2 || max_seq > limit {
         bail!("--max-seq must be between 2 and the model's {limit} positions, got {max_seq}");
     }
+    // the GPU preallocates state for max_seq tokens; keep its default modest
+    let gpu_seq = a.max_seq.unwrap_or(limit.min(32_768));
+    let r = Runner::load(&a.model, &DeviceArgs { device: a.device, max_seq: gpu_seq })?;
     let cfg = ServerConfig {
         host: a.host.clone(),
         port: a.port,
