@@ -9,7 +9,7 @@ use lily_engine::backend::Backend;
 use lily_engine::assets::TextAssets;
 use lily_engine::generate::{generate, GenerateRequest, Generation};
 use lily_engine::parse::{Event, OutputParser, ToolCall};
-use lily_engine::sampling::SamplingParams;
+use lily_engine::sampling::{SamplingOverrides, SamplingParams};
 use lily_model::chat_template::RenderOptions;
 use serde_json::{json, Value};
 
@@ -50,27 +50,17 @@ pub struct SamplingArgs {
 
 impl SamplingArgs {
     pub fn params(&self, defaults: &SamplingParams) -> Result<SamplingParams> {
-        let mut p = defaults.clone();
-        let set = |dst: &mut f32, v: Option<f32>| {
-            if let Some(v) = v {
-                *dst = v
-            }
-        };
-        set(&mut p.temperature, self.temperature);
-        set(&mut p.top_p, self.top_p);
-        set(&mut p.min_p, self.min_p);
-        set(&mut p.presence_penalty, self.presence_penalty);
-        set(&mut p.frequency_penalty, self.frequency_penalty);
-        set(&mut p.repetition_penalty, self.repetition_penalty);
-        if let Some(k) = self.top_k {
-            p.top_k = k;
+        SamplingOverrides {
+            temperature: if self.greedy { Some(0.0) } else { self.temperature },
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repetition_penalty: self.repetition_penalty,
+            seed: self.seed,
         }
-        if self.greedy {
-            p.temperature = 0.0;
-        }
-        p.seed = self.seed;
-        p.validate()?;
-        Ok(p)
+        .apply(defaults)
     }
 }
 

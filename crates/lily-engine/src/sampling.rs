@@ -68,6 +68,45 @@ impl SamplingParams {
     }
 }
 
+/// Per-request changes to the sampling defaults (CLI flags, API fields):
+/// anything `None` keeps the default; the seed is always the request's own.
+#[derive(Clone, Debug, Default)]
+pub struct SamplingOverrides {
+    pub temperature: Option<f32>,
+    pub top_k: Option<usize>,
+    pub top_p: Option<f32>,
+    pub min_p: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub seed: Option<u64>,
+}
+
+impl SamplingOverrides {
+    /// `defaults` with these overrides applied, validated.
+    pub fn apply(&self, defaults: &SamplingParams) -> Result<SamplingParams> {
+        let mut p = defaults.clone();
+        for (dst, v) in [
+            (&mut p.temperature, self.temperature),
+            (&mut p.top_p, self.top_p),
+            (&mut p.min_p, self.min_p),
+            (&mut p.presence_penalty, self.presence_penalty),
+            (&mut p.frequency_penalty, self.frequency_penalty),
+            (&mut p.repetition_penalty, self.repetition_penalty),
+        ] {
+            if let Some(v) = v {
+                *dst = v;
+            }
+        }
+        if let Some(k) = self.top_k {
+            p.top_k = k;
+        }
+        p.seed = self.seed;
+        p.validate()?;
+        Ok(p)
+    }
+}
+
 /// What a checkpoint's `generation_config.json` says: sampling defaults and
 /// the end-of-sequence ids.
 #[derive(Clone, Debug)]

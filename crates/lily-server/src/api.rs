@@ -1,7 +1,7 @@
 //! The OpenAI request bodies, read from JSON by hand so that every wrong type
 //! or value gets a 400 naming the parameter. Unknown fields are ignored.
 
-use lily_engine::sampling::SamplingParams;
+use lily_engine::sampling::{SamplingOverrides, SamplingParams};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
@@ -238,24 +238,18 @@ impl Common {
 
     /// The server's defaults (generation_config.json) overridden by the request.
     pub fn sampling(&self, defaults: &SamplingParams) -> Result<SamplingParams, ApiError> {
-        let mut p = defaults.clone();
-        let set = |dst: &mut f32, v: Option<f32>| {
-            if let Some(v) = v {
-                *dst = v
-            }
-        };
-        set(&mut p.temperature, self.temperature);
-        set(&mut p.top_p, self.top_p);
-        set(&mut p.min_p, self.min_p);
-        set(&mut p.presence_penalty, self.presence_penalty);
-        set(&mut p.frequency_penalty, self.frequency_penalty);
-        set(&mut p.repetition_penalty, self.repetition_penalty);
-        if let Some(k) = self.top_k {
-            p.top_k = k;
+        SamplingOverrides {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repetition_penalty: self.repetition_penalty,
+            seed: self.seed,
         }
-        p.seed = self.seed;
-        p.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
-        Ok(p)
+        .apply(defaults)
+        .map_err(|e| ApiError::bad_request(e.to_string()))
     }
 }
 
