@@ -12,6 +12,9 @@ cd "$root"
 out="${OUT:-$root/gpu-out}"
 mkdir -p "$out"
 lily="$root/.carry/lily"
+if [ -f "$root/.carry/bundle.tar.xz" ] && [ ! -x "$lily" ]; then
+  (cd "$root/.carry" && tar -xJf bundle.tar.xz)
+fi
 mode="${1:-check}"
 
 summary=()
@@ -55,26 +58,38 @@ build)
   mkdir -p .carry
   cp target/release/lily .carry/lily
   rm -f .carry/test-*
-  for t in $(cargo test --release -p lily-cuda --no-run --message-format=json 2>/dev/null |
+  for t in $(cargo test --release -p lily-cuda -p lily-engine --no-run --message-format=json 2>/dev/null |
              python3 -c "import sys,json
 for l in sys.stdin:
   m=json.loads(l)
   if m.get('reason')=='compiler-artifact' and m.get('executable') and m['target']['kind']!=['bin']: print(m['executable'])"); do
-    cp "$t" ".carry/test-$(basename "$t" | sed 's/-[0-9a-f]*$//')"
+    n="$(basename "$t" | sed 's/-[0-9a-f]*$//')"
+    case "$n" in *_gpu|kernels_compile) cp "$t" ".carry/test-$n" ;; esac
   done
+  # the device's carry is capped at 64 MiB with the tree: ship one xz archive
+  strip .carry/lily .carry/test-*
+  (cd .carry && tar -cJf bundle.tar.xz lily test-* && rm -f lily test-*)
   ls -la .carry
   exit 0
   ;;
-check)
+check|decode)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
   for t in .carry/test-*; do
-    if "$t" --test-threads 1 --nocapture > "$out/$(basename "$t").log" 2>&1; then
+    if timeout 300 "$t" --test-threads 1 --nocapture > "$out/$(basename "$t").log" 2>&1; then
       note "$(basename "$t"): $(grep -E '^test result' "$out/$(basename "$t").log" | tail -1)"
     else
       note "$(basename "$t"): FAILED: $(grep -E 'panicked|FAILED' "$out/$(basename "$t").log" | head -3 | tr '\n' ' ')"
     fi
   done
   grep -h "full4:" "$out"/test-*.log | head -2 | while read -r l; do note "$l"; done
+  if [ "$mode" = decode ]; then
+    # decode speed of the released geometry, with the per-kernel-group profile
+    timeout 420 "$lily" bench --device cuda --synthetic full --prompt-len 512 --context 512,4096,32768 --gen 128 --runs 3 --profile \
+      > "$out/bench-decode.txt" 2> "$out/bench-decode.log" && note "$(cat "$out/bench-decode.txt")" || note "bench decode FAILED: $(tail -3 "$out/bench-decode.log")"
+    LILY_CUDA_GRAPH=0 timeout 120 "$lily" bench --device cuda --synthetic full --prompt-len 512 --context 4096 --gen 64 --runs 2 \
+      > "$out/bench-nograph.txt" 2>&1 && note "without the CUDA graph: $(tail -1 "$out/bench-nograph.txt")" || note "bench nograph FAILED"
+    echo; echo "==== summary ($mode) ===="; printf '%s\n' "${summary[@]}"; exit 0
+  fi
   e2e full4 1100 1050 --hf-f32
   "$lily" bench --device cuda --synthetic full4 --prompt-len 512,4096 --context 512 --gen 32 --runs 2 > "$out/bench-full4.txt" 2>&1 \
     && note "bench full4: $(tr '\n' ' ' < "$out/bench-full4.txt" | sed 's/  */ /g' | cut -c1-400)" || note "bench full4 FAILED"

@@ -39,20 +39,36 @@ def lsr(z: torch.Tensor, k: int) -> torch.Tensor:
     return (z >> k) & ((1 << (64 - k)) - 1)
 
 
-def procedural(n: int, start: int, seed: int, mean: float, std: float, device) -> torch.Tensor:
+ROW_SALT = 0x5851F42D4C957F2D
+
+
+def splitmix(i: torch.Tensor, seed: int) -> torch.Tensor:
+    z = torch.bitwise_xor(i * GOLD, s64(seed))
+    z = torch.bitwise_xor(z, lsr(z, 30)) * C1
+    z = torch.bitwise_xor(z, lsr(z, 27)) * C2
+    return torch.bitwise_xor(z, lsr(z, 31))
+
+
+def procedural(n: int, start: int, seed: int, mean: float, std: float, device, row_cols: int = 0) -> torch.Tensor:
+    """Lily's Procedural::value (row_cols 0) or value_rows (row_cols = columns): bit for bit."""
     out = torch.empty(n, dtype=torch.bfloat16, device=device)
     step = 1 << 26
     for a in range(0, n, step):
         b = min(n, a + step)
         i = torch.arange(start + a, start + b, dtype=torch.int64, device=device)
-        z = torch.bitwise_xor(i * GOLD, s64(seed))
-        z = torch.bitwise_xor(z, lsr(z, 30)) * C1
-        z = torch.bitwise_xor(z, lsr(z, 27)) * C2
-        z = torch.bitwise_xor(z, lsr(z, 31))
+        z = splitmix(i, seed)
         u = lsr(z, 40).to(torch.float32) * (1.0 / 16777216.0)
         v = (torch.tensor(std, dtype=torch.float32, device=device) * (u * 2.0 - 1.0)) * torch.tensor(1.7320508, dtype=torch.float32, device=device)
         v = v + torch.tensor(mean, dtype=torch.float32, device=device)
-        out[a:b] = v.to(torch.bfloat16)
+        v = v.to(torch.bfloat16)
+        if row_cols:
+            # 2^k per row, k = popcount of 8 hashed bits - 4: exact in bf16
+            bits = splitmix(torch.div(i, row_cols, rounding_mode="floor"), seed ^ ROW_SALT) & 0xFF
+            k = torch.zeros_like(bits)
+            for j in range(8):
+                k += (bits >> j) & 1
+            v = v * torch.pow(2.0, (k - 4).to(torch.float32)).to(torch.bfloat16)
+        out[a:b] = v
     return out
 
 
@@ -77,7 +93,7 @@ def build(export: str, device: str, attn: str = "eager"):
             assert list(p.shape) == t["shape"], (t["name"], p.shape, t["shape"])
             flat = p.view(-1)
             for s in t["parts"]:
-                flat[s["offset"]: s["offset"] + s["n"]] = procedural(s["n"], s["start"], int(s["seed"]), s["mean"], s["std"], device)
+                flat[s["offset"]: s["offset"] + s["n"]] = procedural(s["n"], s["start"], int(s["seed"]), s["mean"], s["std"], device, s.get("row_cols", 0))
             done.add(t["name"])
         for name, v in load_file(f"{export}/small.safetensors").items():
             p = params[name]

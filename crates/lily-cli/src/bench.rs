@@ -35,6 +35,10 @@ pub struct BenchArgs {
     /// Print one JSON object instead of a table
     #[arg(long)]
     pub json: bool,
+    /// CUDA: also time each kernel group of one decode step at each context
+    /// (events inside the captured step) against the bytes it must move
+    #[arg(long)]
+    pub profile: bool,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -52,7 +56,9 @@ fn prompt(n: usize, vocab: usize) -> Vec<u32> {
     let mut s = 0x1234_5678u64;
     (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            s = s
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
             ((s >> 33) % vocab as u64) as u32
         })
         .collect()
@@ -60,21 +66,30 @@ fn prompt(n: usize, vocab: usize) -> Vec<u32> {
 
 /// Prefill `toks` and choose the next token; returns (seconds to the chosen id, the id, state).
 fn prefill(b: &Backend, toks: &[u32]) -> Result<(f64, u32, lily_engine::backend::BackendState)> {
-    let mut st = b.new_state();
+    let mut st = Model::new_state(b)?;
     let t = Instant::now();
     let tok = match (b, &mut st) {
-        (Backend::Cuda(m), lily_engine::backend::BackendState::Cuda(s)) => m.prefill_greedy(s, toks)?,
+        (Backend::Cuda(m), lily_engine::backend::BackendState::Cuda(s)) => {
+            m.prefill_greedy(s, toks)?
+        }
         _ => argmax(&b.prefill(toks, &mut st)?),
     };
     Ok((t.elapsed().as_secs_f64(), tok, st))
 }
 
 /// Decode `gen` greedy tokens after `st`; returns seconds.
-fn decode(b: &Backend, st: &mut lily_engine::backend::BackendState, mut tok: u32, gen: usize) -> Result<f64> {
+fn decode(
+    b: &Backend,
+    st: &mut lily_engine::backend::BackendState,
+    mut tok: u32,
+    gen: usize,
+) -> Result<f64> {
     let t = Instant::now();
     for _ in 0..gen {
         tok = match (b, &mut *st) {
-            (Backend::Cuda(m), lily_engine::backend::BackendState::Cuda(s)) => m.decode_greedy(s)?,
+            (Backend::Cuda(m), lily_engine::backend::BackendState::Cuda(s)) => {
+                m.decode_greedy(s)?
+            }
             _ => argmax(&b.decode(tok, st)?),
         };
     }
@@ -87,15 +102,47 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     let t0 = Instant::now();
     // room for the longest prompt, or the longest context plus its decode
-    let longest = a.prompt_len.iter().chain(a.context.iter().map(|c| c)).max().copied().unwrap_or(32_768) + a.gen.unwrap_or(128);
-    let dev = DeviceArgs { max_seq: a.device.max_seq.max(longest), ..a.device.clone() };
+    let longest = a
+        .prompt_len
+        .iter()
+        .chain(a.context.iter().map(|c| c))
+        .max()
+        .copied()
+        .unwrap_or(32_768)
+        + a.gen.unwrap_or(128);
+    let dev = DeviceArgs {
+        max_seq: a.device.max_seq.max(longest),
+        ..a.device.clone()
+    };
     let b = dev.load(&a.model, !a.json)?;
     let load_s = t0.elapsed().as_secs_f64();
     let cuda = matches!(b, Backend::Cuda(_));
-    let prompts = if a.prompt_len.is_empty() { if cuda { vec![512, 4096, 16_384] } else { vec![128] } } else { a.prompt_len.clone() };
-    let contexts = if a.context.is_empty() { if cuda { vec![512, 4096, 32_768] } else { vec![128] } } else { a.context.clone() };
+    let prompts = if a.prompt_len.is_empty() {
+        if cuda {
+            vec![512, 4096, 16_384]
+        } else {
+            vec![128]
+        }
+    } else {
+        a.prompt_len.clone()
+    };
+    let contexts = if a.context.is_empty() {
+        if cuda {
+            vec![512, 4096, 32_768]
+        } else {
+            vec![128]
+        }
+    } else {
+        a.context.clone()
+    };
     let gen = a.gen.unwrap_or(if cuda { 128 } else { 16 });
     let vocab = b.cfg().vocab_size.min(248_077);
+    // the device's copy bandwidth: with the bytes a decode step must move it
+    // gives the step's floor, and each figure's share of it
+    let bandwidth = match &b {
+        Backend::Cuda(m) => Some(m.gpu.copy_bandwidth()?),
+        _ => None,
+    };
     let (mut prefill_rows, mut decode_rows) = (Vec::new(), Vec::new());
     for &p in &prompts {
         if p == 0 {
@@ -103,9 +150,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
         let toks = prompt(p, vocab);
         prefill(&b, &toks[..p.min(64)])?; // warm-up
-        let times: Vec<f64> = (0..a.runs).map(|_| prefill(&b, &toks).map(|r| r.0)).collect::<Result<_>>()?;
+        let times: Vec<f64> = (0..a.runs)
+            .map(|_| prefill(&b, &toks).map(|r| r.0))
+            .collect::<Result<_>>()?;
         let s = median(times);
-        prefill_rows.push(json!({"prompt_len": p, "prefill_tok_s": p as f64 / s, "ttft_ms": s * 1e3}));
+        prefill_rows
+            .push(json!({"prompt_len": p, "prefill_tok_s": p as f64 / s, "ttft_ms": s * 1e3}));
     }
     for &c in &contexts {
         let toks = prompt(c.max(1), vocab);
@@ -117,13 +167,33 @@ pub fn run(a: BenchArgs) -> Result<()> {
             times.push(decode(&b, &mut st, tok, gen)?);
         }
         let s = median(times);
-        decode_rows.push(json!({"context": c, "gen": gen, "decode_tok_s": gen as f64 / s, "ms_per_token": s * 1e3 / gen as f64}));
+        let mut row = json!({"context": c, "gen": gen, "decode_tok_s": gen as f64 / s, "ms_per_token": s * 1e3 / gen as f64});
+        if let (Backend::Cuda(m), Some(bw)) = (&b, bandwidth) {
+            // the bytes of the middle step of the timed run
+            let bytes = m.decode_step_bytes(c + gen / 2);
+            let floor_tok_s = bw / bytes as f64;
+            row["step_bytes"] = json!(bytes);
+            row["floor_tok_s"] = json!(floor_tok_s);
+            row["pct_of_floor"] = json!(100.0 * (gen as f64 / s) / floor_tok_s);
+            if a.profile {
+                let (_, _, mut st) = prefill(&b, &toks)?;
+                if let lily_engine::backend::BackendState::Cuda(cs) = &mut st {
+                    let secs = m.profile_decode(cs, 5)?;
+                    row["profile"] = json!(secs
+                        .iter()
+                        .map(|x| json!({"group": x.name, "us": x.us, "bytes": x.bytes, "count": x.count}))
+                        .collect::<Vec<_>>());
+                }
+            }
+        }
+        decode_rows.push(row);
     }
     let report = json!({
         "model": a.model.source().describe(),
         "device": b.device_name(),
         "runs": a.runs,
         "load_s": load_s,
+        "copy_bandwidth_gb_s": bandwidth.map(|b| b / 1e9),
         "prefill": prefill_rows,
         "decode": decode_rows,
     });
@@ -131,14 +201,85 @@ pub fn run(a: BenchArgs) -> Result<()> {
         println!("{report}");
         return Ok(());
     }
-    println!("model {}  device {}  load {:.1}s  (median of {} runs after a warm-up)", a.model.source().describe(), b.device_name(), load_s, a.runs);
+    println!(
+        "model {}  device {}  load {:.1}s  (median of {} runs after a warm-up)",
+        a.model.source().describe(),
+        b.device_name(),
+        load_s,
+        a.runs
+    );
     println!("{:>12} {:>16} {:>12}", "prompt", "prefill tok/s", "ttft ms");
     for r in &prefill_rows {
-        println!("{:>12} {:>16.1} {:>12.1}", r["prompt_len"], r["prefill_tok_s"].as_f64().unwrap(), r["ttft_ms"].as_f64().unwrap());
+        println!(
+            "{:>12} {:>16.1} {:>12.1}",
+            r["prompt_len"],
+            r["prefill_tok_s"].as_f64().unwrap(),
+            r["ttft_ms"].as_f64().unwrap()
+        );
     }
-    println!("{:>12} {:>8} {:>16} {:>12}", "context", "gen", "decode tok/s", "ms/token");
+    if let Some(bw) = bandwidth {
+        println!(
+            "decode floor: the bytes a step must move over the copy bandwidth, {:.0} GB/s",
+            bw / 1e9
+        );
+    }
+    println!(
+        "{:>12} {:>8} {:>16} {:>12} {:>14} {:>10}",
+        "context", "gen", "decode tok/s", "ms/token", "floor tok/s", "% floor"
+    );
     for r in &decode_rows {
-        println!("{:>12} {:>8} {:>16.2} {:>12.2}", r["context"], r["gen"], r["decode_tok_s"].as_f64().unwrap(), r["ms_per_token"].as_f64().unwrap());
+        let f = |k: &str| {
+            r[k].as_f64()
+                .map(|x| format!("{x:.1}"))
+                .unwrap_or_else(|| "-".into())
+        };
+        println!(
+            "{:>12} {:>8} {:>16.2} {:>12.3} {:>14} {:>10}",
+            r["context"],
+            r["gen"],
+            r["decode_tok_s"].as_f64().unwrap(),
+            r["ms_per_token"].as_f64().unwrap(),
+            f("floor_tok_s"),
+            f("pct_of_floor")
+        );
+    }
+    for r in &decode_rows {
+        let (Some(p), Some(bw)) = (r["profile"].as_array(), bandwidth) else {
+            continue;
+        };
+        let total: f64 = p.iter().map(|x| x["us"].as_f64().unwrap()).sum();
+        let bytes: f64 = p.iter().map(|x| x["bytes"].as_f64().unwrap()).sum();
+        println!(
+            "\none decode step at context {} (events inside the captured step, median of 5):",
+            r["context"]
+        );
+        println!(
+            "{:>16} {:>6} {:>10} {:>12} {:>10} {:>8} {:>10}",
+            "group", "count", "us", "MB moved", "GB/s", "share", "floor us"
+        );
+        for x in p {
+            let (us, by) = (x["us"].as_f64().unwrap(), x["bytes"].as_f64().unwrap());
+            println!(
+                "{:>16} {:>6} {:>10.1} {:>12.2} {:>10.0} {:>7.1}% {:>10.1}",
+                x["group"].as_str().unwrap(),
+                x["count"],
+                us,
+                by / 1e6,
+                by / (us * 1e-6) / 1e9,
+                100.0 * us / total,
+                by / bw * 1e6
+            );
+        }
+        println!(
+            "{:>16} {:>6} {:>10.1} {:>12.2} {:>10.0} {:>7.1}% {:>10.1}",
+            "step",
+            "",
+            total,
+            bytes / 1e6,
+            bytes / (total * 1e-6) / 1e9,
+            100.0,
+            bytes / bw * 1e6
+        );
     }
     Ok(())
 }

@@ -66,7 +66,10 @@ pub fn run(a: ChatArgs) -> Result<()> {
             continue;
         }
         if let Some(cmd) = input.strip_prefix('/') {
-            let (name, arg) = cmd.split_once(' ').map(|(n, a)| (n, a.trim())).unwrap_or((cmd, ""));
+            let (name, arg) = cmd
+                .split_once(' ')
+                .map(|(n, a)| (n, a.trim()))
+                .unwrap_or((cmd, ""));
             match name {
                 "think" => {
                     think = true;
@@ -83,7 +86,14 @@ pub fn run(a: ChatArgs) -> Result<()> {
                 "system" => {
                     system = (!arg.is_empty()).then(|| arg.to_string());
                     history.clear();
-                    eprintln!("{} (conversation cleared)", if system.is_some() { "system message set" } else { "system message removed" });
+                    eprintln!(
+                        "{} (conversation cleared)",
+                        if system.is_some() {
+                            "system message set"
+                        } else {
+                            "system message removed"
+                        }
+                    );
                 }
                 "stats" => match &last {
                     Some(g) => eprintln!("{}", stats_line(g)),
@@ -95,7 +105,10 @@ pub fn run(a: ChatArgs) -> Result<()> {
             }
             continue;
         }
-        let mut msgs: Vec<Value> = system.iter().map(|s| json!({"role": "system", "content": s})).collect();
+        let mut msgs: Vec<Value> = system
+            .iter()
+            .map(|s| json!({"role": "system", "content": s}))
+            .collect();
         msgs.extend(history.iter().cloned());
         msgs.push(json!({"role": "user", "content": input}));
         let prompt = match r.chat_prompt(&msgs, think) {

@@ -5,8 +5,8 @@ use std::io::{IsTerminal, Read, Write};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use lily_engine::backend::Backend;
 use lily_engine::assets::TextAssets;
+use lily_engine::backend::Backend;
 use lily_engine::generate::{generate, GenerateRequest, Generation};
 use lily_engine::parse::{Event, OutputParser, ToolCall};
 use lily_engine::sampling::{SamplingOverrides, SamplingParams};
@@ -51,7 +51,11 @@ pub struct SamplingArgs {
 impl SamplingArgs {
     pub fn params(&self, defaults: &SamplingParams) -> Result<SamplingParams> {
         SamplingOverrides {
-            temperature: if self.greedy { Some(0.0) } else { self.temperature },
+            temperature: if self.greedy {
+                Some(0.0)
+            } else {
+                self.temperature
+            },
             top_k: self.top_k,
             top_p: self.top_p,
             min_p: self.min_p,
@@ -107,7 +111,11 @@ impl Runner {
 
     /// Render the conversation with the chat template, ready for the answer.
     pub fn chat_prompt(&self, messages: &[Value], think: bool) -> Result<Vec<u32>> {
-        let opts = RenderOptions { add_generation_prompt: true, enable_thinking: think, preserve_thinking: false };
+        let opts = RenderOptions {
+            add_generation_prompt: true,
+            enable_thinking: think,
+            preserve_thinking: false,
+        };
         let text = self.assets.template.render(messages, None, &opts)?;
         self.assets.tokenizer.encode(&text)
     }
@@ -161,7 +169,13 @@ pub struct Printer {
 
 impl Printer {
     pub fn new(show_reasoning: bool) -> Printer {
-        Printer { show_reasoning, tty: std::io::stdout().is_terminal(), in_reasoning: false, reasoning: String::new(), content: String::new() }
+        Printer {
+            show_reasoning,
+            tty: std::io::stdout().is_terminal(),
+            in_reasoning: false,
+            reasoning: String::new(),
+            content: String::new(),
+        }
     }
 
     pub fn event(&mut self, e: &Event) {
@@ -222,7 +236,9 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         Some(p) => p.clone(),
         None => {
             let mut t = String::new();
-            std::io::stdin().read_to_string(&mut t).context("reading the prompt from stdin")?;
+            std::io::stdin()
+                .read_to_string(&mut t)
+                .context("reading the prompt from stdin")?;
             t
         }
     };

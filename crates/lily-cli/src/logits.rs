@@ -57,11 +57,17 @@ pub fn run(a: LogitsArgs) -> Result<()> {
                 model = model.with_f32_activations();
             }
             let mut state = model.new_state();
-            let mut out = model.forward(&a.tokens[..n], &mut state, Logits::All, GdnForm::Chunked, &mut |name, x| {
-                if a.taps.is_some() {
-                    taps.push((name.to_string(), x.to_vec()));
-                }
-            })?;
+            let mut out = model.forward(
+                &a.tokens[..n],
+                &mut state,
+                Logits::All,
+                GdnForm::Chunked,
+                &mut |name, x| {
+                    if a.taps.is_some() {
+                        taps.push((name.to_string(), x.to_vec()));
+                    }
+                },
+            )?;
             for &tok in &a.tokens[n..] {
                 out.extend(model.decode(tok, &mut state)?);
             }
@@ -83,7 +89,10 @@ pub fn run(a: LogitsArgs) -> Result<()> {
     debug_assert_eq!(out.len(), t * v);
     write_f32(&a.out, &[("logits".to_string(), vec![t, v], out)])?;
     if let Some(path) = &a.taps {
-        let named: Vec<_> = taps.into_iter().map(|(k, x)| (k, vec![n, x.len() / n], x)).collect();
+        let named: Vec<_> = taps
+            .into_iter()
+            .map(|(k, x)| (k, vec![n, x.len() / n], x))
+            .collect();
         write_f32(path, &named)?;
     }
     Ok(())
@@ -91,10 +100,17 @@ pub fn run(a: LogitsArgs) -> Result<()> {
 
 /// Write f32 tensors (name, shape, data) to a safetensors file.
 pub fn write_f32(path: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Result<()> {
-    let bytes: Vec<Vec<u8>> = tensors.iter().map(|(_, _, x)| x.iter().flat_map(|v| v.to_le_bytes()).collect()).collect();
+    let bytes: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|(_, _, x)| x.iter().flat_map(|v| v.to_le_bytes()).collect())
+        .collect();
     let mut map = HashMap::new();
     for ((name, shape, _), b) in tensors.iter().zip(&bytes) {
-        map.insert(name.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), b)?);
+        map.insert(
+            name.clone(),
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), b)?,
+        );
     }
-    safetensors::serialize_to_file(map, None, path).with_context(|| format!("writing {}", path.display()))
+    safetensors::serialize_to_file(map, None, path)
+        .with_context(|| format!("writing {}", path.display()))
 }

@@ -4,8 +4,8 @@ mod bench;
 mod chat;
 mod generate;
 mod logits;
-mod synthetic;
 mod serve;
+mod synthetic;
 mod text;
 
 use std::path::PathBuf;
@@ -15,7 +15,11 @@ use clap::{Args, Parser, Subcommand};
 use lily_model::ModelSource;
 
 #[derive(Parser)]
-#[command(name = "lily", version, about = "Lily: an inference engine for Qwen3.6-35B-A3B")]
+#[command(
+    name = "lily",
+    version,
+    about = "Lily: an inference engine for Qwen3.6-35B-A3B"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,

@@ -64,10 +64,18 @@ pub fn run(a: ServeArgs) -> Result<()> {
         ModelSource::Synthetic(n) => (format!("synthetic-{n}"), format!("synthetic:{n}")),
     };
     let served = a.served_model_name.clone().unwrap_or(served);
-    let api_key = a.api_key.clone().or_else(|| std::env::var("LILY_API_KEY").ok()).filter(|k| !k.is_empty());
+    let api_key = a
+        .api_key
+        .clone()
+        .or_else(|| std::env::var("LILY_API_KEY").ok())
+        .filter(|k| !k.is_empty());
     let limit = match a.model.source() {
-        lily_model::ModelSource::Dir(d) => lily_model::Config::from_file(&d.join("config.json"))?.max_position_embeddings,
-        lily_model::ModelSource::Synthetic(n) => lily_model::Config::synthetic(&n)?.max_position_embeddings,
+        lily_model::ModelSource::Dir(d) => {
+            lily_model::Config::from_file(&d.join("config.json"))?.max_position_embeddings
+        }
+        lily_model::ModelSource::Synthetic(n) => {
+            lily_model::Config::synthetic(&n)?.max_position_embeddings
+        }
     };
     let max_seq = a.max_seq.unwrap_or(limit);
     if max_seq < 2 || max_seq > limit {
@@ -75,7 +83,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
     // the GPU preallocates state for max_seq tokens; keep its default modest
     let gpu_seq = a.max_seq.unwrap_or(limit.min(32_768));
-    let r = Runner::load(&a.model, &DeviceArgs { device: a.device, max_seq: gpu_seq })?;
+    let r = Runner::load(
+        &a.model,
+        &DeviceArgs {
+            device: a.device,
+            max_seq: gpu_seq,
+        },
+    )?;
     let cfg = ServerConfig {
         host: a.host.clone(),
         port: a.port,

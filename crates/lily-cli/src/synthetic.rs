@@ -55,9 +55,20 @@ pub fn hf_config(cfg: &Config) -> Value {
 }
 
 fn segment(m: &Mat, offset: usize) -> Result<Value> {
-    let Storage::Procedural(p) = &m.t.storage else { bail!("not a procedural tensor") };
+    let (p, rows) = match &m.t.storage {
+        Storage::Procedural(p) => (p, false),
+        Storage::ProceduralRows(p) => (p, true),
+        _ => bail!("not a procedural tensor"),
+    };
     // f32 values go out through f64, which JSON carries exactly
-    Ok(json!({"offset": offset, "start": m.row0 * m.cols, "n": m.rows * m.cols, "seed": p.seed.to_string(), "mean": p.mean as f64, "std": p.std as f64}))
+    let cols = if rows {
+        m.t.shape.last().copied().unwrap_or(1)
+    } else {
+        0
+    };
+    Ok(
+        json!({"offset": offset, "start": m.row0 * m.cols, "n": m.rows * m.cols, "seed": p.seed.to_string(), "mean": p.mean as f64, "std": p.std as f64, "row_cols": cols}),
+    )
 }
 
 pub fn run(a: ExportArgs) -> Result<()> {
@@ -71,29 +82,76 @@ pub fn run(a: ExportArgs) -> Result<()> {
     }
     one(&mut big, "model.embed_tokens.weight".into(), &w.embed)?;
     one(&mut big, "lm_head.weight".into(), &w.lm_head)?;
-    small.push(("model.norm.weight".into(), vec![cfg.hidden_size], w.norm.clone()));
+    small.push((
+        "model.norm.weight".into(),
+        vec![cfg.hidden_size],
+        w.norm.clone(),
+    ));
     let (d, f) = (cfg.hidden_size, cfg.moe_intermediate_size);
     for (l, lw) in w.layers.iter().enumerate() {
         let p = format!("model.layers.{l}.");
-        small.push((format!("{p}input_layernorm.weight"), vec![d], lw.input_norm.clone()));
-        small.push((format!("{p}post_attention_layernorm.weight"), vec![d], lw.post_norm.clone()));
+        small.push((
+            format!("{p}input_layernorm.weight"),
+            vec![d],
+            lw.input_norm.clone(),
+        ));
+        small.push((
+            format!("{p}post_attention_layernorm.weight"),
+            vec![d],
+            lw.post_norm.clone(),
+        ));
         match &lw.mixer {
             MixerWeights::Attention(at) => {
-                for (n, m) in [("q_proj", &at.q_proj), ("k_proj", &at.k_proj), ("v_proj", &at.v_proj), ("o_proj", &at.o_proj)] {
+                for (n, m) in [
+                    ("q_proj", &at.q_proj),
+                    ("k_proj", &at.k_proj),
+                    ("v_proj", &at.v_proj),
+                    ("o_proj", &at.o_proj),
+                ] {
                     one(&mut big, format!("{p}self_attn.{n}.weight"), m)?;
                 }
-                small.push((format!("{p}self_attn.q_norm.weight"), vec![cfg.head_dim], at.q_norm.clone()));
-                small.push((format!("{p}self_attn.k_norm.weight"), vec![cfg.head_dim], at.k_norm.clone()));
+                small.push((
+                    format!("{p}self_attn.q_norm.weight"),
+                    vec![cfg.head_dim],
+                    at.q_norm.clone(),
+                ));
+                small.push((
+                    format!("{p}self_attn.k_norm.weight"),
+                    vec![cfg.head_dim],
+                    at.k_norm.clone(),
+                ));
             }
             MixerWeights::Gdn(g) => {
-                for (n, m) in [("in_proj_qkv", &g.in_proj_qkv), ("in_proj_z", &g.in_proj_z), ("in_proj_b", &g.in_proj_b), ("in_proj_a", &g.in_proj_a), ("out_proj", &g.out_proj)] {
+                for (n, m) in [
+                    ("in_proj_qkv", &g.in_proj_qkv),
+                    ("in_proj_z", &g.in_proj_z),
+                    ("in_proj_b", &g.in_proj_b),
+                    ("in_proj_a", &g.in_proj_a),
+                    ("out_proj", &g.out_proj),
+                ] {
                     one(&mut big, format!("{p}linear_attn.{n}.weight"), m)?;
                 }
                 let (c, wd) = (cfg.conv_dim(), cfg.linear_conv_kernel_dim);
-                small.push((format!("{p}linear_attn.conv1d.weight"), vec![c, 1, wd], g.conv1d.clone()));
-                small.push((format!("{p}linear_attn.dt_bias"), vec![g.dt_bias.len()], g.dt_bias.clone()));
-                small.push((format!("{p}linear_attn.A_log"), vec![g.a_log.len()], g.a_log.clone()));
-                small.push((format!("{p}linear_attn.norm.weight"), vec![g.norm.len()], g.norm.clone()));
+                small.push((
+                    format!("{p}linear_attn.conv1d.weight"),
+                    vec![c, 1, wd],
+                    g.conv1d.clone(),
+                ));
+                small.push((
+                    format!("{p}linear_attn.dt_bias"),
+                    vec![g.dt_bias.len()],
+                    g.dt_bias.clone(),
+                ));
+                small.push((
+                    format!("{p}linear_attn.A_log"),
+                    vec![g.a_log.len()],
+                    g.a_log.clone(),
+                ));
+                small.push((
+                    format!("{p}linear_attn.norm.weight"),
+                    vec![g.norm.len()],
+                    g.norm.clone(),
+                ));
             }
         }
         one(&mut big, format!("{p}mlp.gate.weight"), &lw.moe.router)?;
@@ -107,15 +165,38 @@ pub fn run(a: ExportArgs) -> Result<()> {
             dn.push(segment(&x.down, i * d * f)?);
         }
         big.push(json!({"name": format!("{p}mlp.experts.gate_up_proj"), "shape": [e, 2 * f, d], "parts": gu}));
-        big.push(json!({"name": format!("{p}mlp.experts.down_proj"), "shape": [e, d, f], "parts": dn}));
-        for (n, m) in [("gate_proj", &lw.moe.shared.gate), ("up_proj", &lw.moe.shared.up), ("down_proj", &lw.moe.shared.down)] {
+        big.push(
+            json!({"name": format!("{p}mlp.experts.down_proj"), "shape": [e, d, f], "parts": dn}),
+        );
+        for (n, m) in [
+            ("gate_proj", &lw.moe.shared.gate),
+            ("up_proj", &lw.moe.shared.up),
+            ("down_proj", &lw.moe.shared.down),
+        ] {
             one(&mut big, format!("{p}mlp.shared_expert.{n}.weight"), m)?;
         }
-        small.push((format!("{p}mlp.shared_expert_gate.weight"), vec![1, d], lw.moe.shared_gate.clone()));
+        small.push((
+            format!("{p}mlp.shared_expert_gate.weight"),
+            vec![1, d],
+            lw.moe.shared_gate.clone(),
+        ));
     }
-    std::fs::write(a.out.join("config.json"), serde_json::to_string_pretty(&hf_config(&cfg))?)?;
-    std::fs::write(a.out.join("procedural.json"), serde_json::to_string(&json!({"generator": "lily Procedural::value v1", "tensors": big}))?)?;
+    std::fs::write(
+        a.out.join("config.json"),
+        serde_json::to_string_pretty(&hf_config(&cfg))?,
+    )?;
+    std::fs::write(
+        a.out.join("procedural.json"),
+        serde_json::to_string(
+            &json!({"generator": "lily Procedural::value v2 (row_cols: value_rows)", "tensors": big}),
+        )?,
+    )?;
     crate::logits::write_f32(&a.out.join("small.safetensors"), &small)?;
-    eprintln!("wrote {} procedural tensors and {} small ones to {}", big.len(), small.len(), a.out.display());
+    eprintln!(
+        "wrote {} procedural tensors and {} small ones to {}",
+        big.len(),
+        small.len(),
+        a.out.display()
+    );
     Ok(())
 }

@@ -43,7 +43,9 @@ fn tokenizer(m: &ModelArgs) -> Result<Tokenizer> {
 fn arg_or_stdin(s: &str) -> Result<String> {
     if s == "-" {
         let mut t = String::new();
-        std::io::stdin().read_to_string(&mut t).context("reading stdin")?;
+        std::io::stdin()
+            .read_to_string(&mut t)
+            .context("reading stdin")?;
         Ok(t)
     } else {
         Ok(s.to_string())
@@ -56,7 +58,13 @@ pub fn tokenize(a: TokenizeArgs) -> Result<()> {
     if a.json {
         println!("{}", serde_json::to_string(&ids)?);
     } else {
-        println!("{}", ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(" "));
+        println!(
+            "{}",
+            ids.iter()
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
     }
     Ok(())
 }
@@ -67,7 +75,10 @@ pub fn detokenize(a: DetokenizeArgs) -> Result<()> {
     let ids: Vec<u32> = raw
         .split(|c: char| c == ',' || c.is_whitespace() || c == '[' || c == ']')
         .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<u32>().with_context(|| format!("{s:?} is not a token id")))
+        .map(|s| {
+            s.parse::<u32>()
+                .with_context(|| format!("{s:?} is not a token id"))
+        })
         .collect::<Result<_>>()?;
     print!("{}", tok.decode(&ids, a.skip_special)?);
     Ok(())

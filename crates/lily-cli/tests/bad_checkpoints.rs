@@ -24,16 +24,29 @@ fn copy_fixture(tag: &str) -> PathBuf {
 
 /// Rewrite model.safetensors through `edit(name, dtype, shape, bytes)`, which
 /// may drop a tensor (None) or change it.
-fn rewrite(dir: &Path, edit: impl Fn(&str, safetensors::Dtype, Vec<usize>, Vec<u8>) -> Option<(safetensors::Dtype, Vec<usize>, Vec<u8>)>) {
+fn rewrite(
+    dir: &Path,
+    edit: impl Fn(
+        &str,
+        safetensors::Dtype,
+        Vec<usize>,
+        Vec<u8>,
+    ) -> Option<(safetensors::Dtype, Vec<usize>, Vec<u8>)>,
+) {
     let path = dir.join("model.safetensors");
     let bytes = std::fs::read(&path).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let kept: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
         .iter()
-        .filter_map(|(n, v)| edit(n, v.dtype(), v.shape().to_vec(), v.data().to_vec()).map(|(d, s, b)| (n.to_string(), d, s, b)))
+        .filter_map(|(n, v)| {
+            edit(n, v.dtype(), v.shape().to_vec(), v.data().to_vec())
+                .map(|(d, s, b)| (n.to_string(), d, s, b))
+        })
         .collect();
-    let map: HashMap<String, TensorView> =
-        kept.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
+    let map: HashMap<String, TensorView> = kept
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
     safetensors::serialize_to_file(map, None, &path).unwrap();
 }
 
@@ -70,7 +83,10 @@ fn the_fixture_itself_runs() {
 fn missing_tensor_is_named() {
     let dir = copy_fixture("missing");
     let gone = "model.layers.2.linear_attn.in_proj_z.weight";
-    rewrite(&dir, |n, d, s, b| if n == gone { None } else { Some((d, s, b)) });
+    rewrite(
+        &dir,
+        |n, d, s, b| if n == gone { None } else { Some((d, s, b)) },
+    );
     expect_error(&dir, &[gone, "missing", dir.to_str().unwrap()]);
 }
 
@@ -86,14 +102,28 @@ fn misshaped_tensor_is_named_with_both_shapes() {
             Some((d, s, b))
         }
     });
-    expect_error(&dir, &[name, "model.safetensors", "shape [30, 32]", "expected [32, 32]"]);
+    expect_error(
+        &dir,
+        &[
+            name,
+            "model.safetensors",
+            "shape [30, 32]",
+            "expected [32, 32]",
+        ],
+    );
 }
 
 #[test]
 fn unsupported_dtype_is_named() {
     let dir = copy_fixture("dtype");
     let name = "model.norm.weight";
-    rewrite(&dir, |n, d, s, b| if n == name { Some((safetensors::Dtype::I32, s, b)) } else { Some((d, s, b)) });
+    rewrite(&dir, |n, d, s, b| {
+        if n == name {
+            Some((safetensors::Dtype::I32, s, b))
+        } else {
+            Some((d, s, b))
+        }
+    });
     expect_error(&dir, &[name, "I32", "model.safetensors"]);
 }
 
@@ -130,31 +160,55 @@ fn index_pointing_to_a_missing_shard_is_named() {
     let st = safetensors::SafeTensors::deserialize(&st_bytes).unwrap();
     let mut map = serde_json::Map::new();
     for n in st.names() {
-        let shard = if n.contains("layers.1.") { "model-00002-of-00002.safetensors" } else { "model.safetensors" };
+        let shard = if n.contains("layers.1.") {
+            "model-00002-of-00002.safetensors"
+        } else {
+            "model.safetensors"
+        };
         map.insert(n.to_string(), serde_json::Value::String(shard.into()));
     }
     let index = serde_json::json!({"metadata": {}, "weight_map": map});
     std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
-    expect_error(&dir, &["model-00002-of-00002.safetensors", "does not exist", "model.layers.1."]);
+    expect_error(
+        &dir,
+        &[
+            "model-00002-of-00002.safetensors",
+            "does not exist",
+            "model.layers.1.",
+        ],
+    );
 }
 
 #[test]
 fn unsupported_model_type_is_rejected() {
     let dir = copy_fixture("mtype");
     let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap();
-    std::fs::write(dir.join("config.json"), cfg.replace("qwen3_5_moe_text", "llama")).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        cfg.replace("qwen3_5_moe_text", "llama"),
+    )
+    .unwrap();
     expect_error(&dir, &["unsupported model_type", "llama"]);
 }
 
 #[test]
 fn inconsistent_sizes_are_all_listed() {
     let dir = copy_fixture("sizes");
-    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     cfg["num_key_value_heads"] = 3.into(); // 4 heads not a multiple of 3
     cfg["num_experts_per_tok"] = 99.into(); // more than the experts
     cfg["num_hidden_layers"] = 7.into(); // layer_types has 4
     std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
-    expect_error(&dir, &["num_key_value_heads (3)", "num_experts_per_tok (99)", "layer_types has 4 entries", "3 problem(s)"]);
+    expect_error(
+        &dir,
+        &[
+            "num_key_value_heads (3)",
+            "num_experts_per_tok (99)",
+            "layer_types has 4 entries",
+            "3 problem(s)",
+        ],
+    );
 }
 
 #[test]
@@ -162,7 +216,10 @@ fn missing_config_and_missing_dir() {
     let dir = copy_fixture("nocfg");
     std::fs::remove_file(dir.join("config.json")).unwrap();
     expect_error(&dir, &["config.json"]);
-    expect_error(Path::new("/nonexistent/lily-model"), &["/nonexistent/lily-model", "does not exist"]);
+    expect_error(
+        Path::new("/nonexistent/lily-model"),
+        &["/nonexistent/lily-model", "does not exist"],
+    );
 }
 
 #[test]
@@ -170,7 +227,10 @@ fn bad_tokens_are_errors_not_panics() {
     let dir = copy_fixture("tokens");
     let (ok, err) = logits(&dir, "1,2,999999");
     assert!(!ok);
-    assert!(err.contains("999999") && err.contains("out of range"), "{err}");
+    assert!(
+        err.contains("999999") && err.contains("out of range"),
+        "{err}"
+    );
     let (ok, _) = logits(&dir, "1,x,3");
     assert!(!ok);
 }

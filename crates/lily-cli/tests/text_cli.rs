@@ -16,37 +16,93 @@ fn tokenizer_dir() -> PathBuf {
 }
 
 fn run_with_stdin(cmd: &mut Command, input: &str) -> (bool, String, String) {
-    let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
-    (out.status.success(), String::from_utf8(out.stdout).unwrap(), String::from_utf8_lossy(&out.stderr).to_string())
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
 }
 
 #[test]
 fn tokenize_and_detokenize() {
     let text = "Hello, world! Привет 👋 <|im_start|>user\n  x = 12345;<think>";
-    let (ok, out, err) = run_with_stdin(lily().args(["tokenize", "--json", "--model"]).arg(tokenizer_dir()).arg("-"), text);
+    let (ok, out, err) = run_with_stdin(
+        lily()
+            .args(["tokenize", "--json", "--model"])
+            .arg(tokenizer_dir())
+            .arg("-"),
+        text,
+    );
     assert!(ok, "{err}");
     let ids: Vec<u32> = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(&ids[..3], &[9419, 11, 1814]);
     assert!(ids.contains(&248_045) && ids.contains(&248_068));
-    let list = ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
-    let out = lily().args(["detokenize", "--model"]).arg(tokenizer_dir()).arg(&list).output().unwrap();
+    let list = ids
+        .iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let out = lily()
+        .args(["detokenize", "--model"])
+        .arg(tokenizer_dir())
+        .arg(&list)
+        .output()
+        .unwrap();
     assert!(out.status.success());
     assert_eq!(String::from_utf8(out.stdout).unwrap(), text);
     // plain output and an argument instead of stdin
-    let out = lily().args(["tokenize", "--synthetic", "tiny", "Hello, world"]).output().unwrap();
-    assert_eq!(String::from_utf8(out.stdout).unwrap().trim(), "9419 11 1814");
+    let out = lily()
+        .args(["tokenize", "--synthetic", "tiny", "Hello, world"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        "9419 11 1814"
+    );
     // a bad id is an error, not a panic
-    let out = lily().args(["detokenize", "--synthetic", "tiny", "1,banana"]).output().unwrap();
+    let out = lily()
+        .args(["detokenize", "--synthetic", "tiny", "1,banana"])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
-    let out = lily().args(["tokenize", "--model", "/nonexistent", "x"]).output().unwrap();
-    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("tokenizer.json"));
+    let out = lily()
+        .args(["tokenize", "--model", "/nonexistent", "x"])
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("tokenizer.json")
+    );
 }
 
 #[test]
 fn generate_streams_and_repeats_with_a_seed() {
-    let args = ["generate", "--synthetic", "tiny", "--prompt", "hi", "--max-tokens", "12", "--temperature", "0.8", "--seed", "11", "--json"];
+    let args = [
+        "generate",
+        "--synthetic",
+        "tiny",
+        "--prompt",
+        "hi",
+        "--max-tokens",
+        "12",
+        "--temperature",
+        "0.8",
+        "--seed",
+        "11",
+        "--json",
+    ];
     let a = lily().args(args).output().unwrap();
     let b = lily().args(args).output().unwrap();
     assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
@@ -56,24 +112,81 @@ fn generate_streams_and_repeats_with_a_seed() {
     assert_eq!(ja["tokens"].as_array().unwrap().len(), 12);
     assert_eq!(ja["finish_reason"], "length");
     let err = String::from_utf8_lossy(&a.stderr);
-    assert!(err.contains("prompt") && err.contains("ttft") && err.contains("decode") && err.contains("tok/s"), "{err}");
+    assert!(
+        err.contains("prompt")
+            && err.contains("ttft")
+            && err.contains("decode")
+            && err.contains("tok/s"),
+        "{err}"
+    );
     // thinking on: the output starts inside reasoning
-    assert_eq!(ja["text"].as_str().unwrap().len(), ja["reasoning"].as_str().unwrap().len() + ja["content"].as_str().unwrap().len());
+    assert_eq!(
+        ja["text"].as_str().unwrap().len(),
+        ja["reasoning"].as_str().unwrap().len() + ja["content"].as_str().unwrap().len()
+    );
     // streamed text mode; prompt from stdin; --raw and --no-think
-    let (ok, out, err) = run_with_stdin(lily().args(["generate", "--synthetic", "tiny", "--max-tokens", "5", "--greedy", "--no-think"]), "hello");
+    let (ok, out, err) = run_with_stdin(
+        lily().args([
+            "generate",
+            "--synthetic",
+            "tiny",
+            "--max-tokens",
+            "5",
+            "--greedy",
+            "--no-think",
+        ]),
+        "hello",
+    );
     assert!(ok && !out.is_empty(), "{err}");
-    let (ok, _, err) = run_with_stdin(lily().args(["generate", "--synthetic", "tiny", "--max-tokens", "5", "--raw"]), "raw text");
+    let (ok, _, err) = run_with_stdin(
+        lily().args([
+            "generate",
+            "--synthetic",
+            "tiny",
+            "--max-tokens",
+            "5",
+            "--raw",
+        ]),
+        "raw text",
+    );
     assert!(ok, "{err}");
-    let out = lily().args(["generate", "--synthetic", "tiny", "--prompt", "x", "--top-p", "2"]).output().unwrap();
+    let out = lily()
+        .args([
+            "generate",
+            "--synthetic",
+            "tiny",
+            "--prompt",
+            "x",
+            "--top-p",
+            "2",
+        ])
+        .output()
+        .unwrap();
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("top_p"));
 }
 
 #[test]
 fn chat_commands_and_end_of_input() {
     let input = "hi\n/stats\n/no_think\nhello again\n/system be brief\n/reset\n/bogus\nlast one\n";
-    let (ok, out, err) = run_with_stdin(lily().args(["chat", "--synthetic", "tiny", "--max-tokens", "6", "--greedy"]), input);
+    let (ok, out, err) = run_with_stdin(
+        lily().args([
+            "chat",
+            "--synthetic",
+            "tiny",
+            "--max-tokens",
+            "6",
+            "--greedy",
+        ]),
+        input,
+    );
     assert!(ok, "{err}");
-    for want in ["thinking off", "conversation cleared", "system message set", "unknown command /bogus", "tok generated"] {
+    for want in [
+        "thinking off",
+        "conversation cleared",
+        "system message set",
+        "unknown command /bogus",
+        "tok generated",
+    ] {
         assert!(err.contains(want), "stderr lacks {want:?}:\n{err}");
     }
     assert!(!out.is_empty());
@@ -82,7 +195,14 @@ fn chat_commands_and_end_of_input() {
 #[test]
 fn chat_ctrl_c_stops_the_answer_not_the_program() {
     let mut child = lily()
-        .args(["chat", "--synthetic", "tiny", "--max-tokens", "100000", "--greedy"])
+        .args([
+            "chat",
+            "--synthetic",
+            "tiny",
+            "--max-tokens",
+            "100000",
+            "--greedy",
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -93,7 +213,10 @@ fn chat_ctrl_c_stops_the_answer_not_the_program() {
     stdin.flush().unwrap();
     // let the answer start, then interrupt it
     std::thread::sleep(Duration::from_millis(2500));
-    let kill = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    let kill = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
     assert!(kill.success());
     std::thread::sleep(Duration::from_millis(500));
     stdin.write_all(b"/stats\n").unwrap();
@@ -103,11 +226,19 @@ fn chat_ctrl_c_stops_the_answer_not_the_program() {
         if let Some(s) = child.try_wait().unwrap() {
             break s;
         }
-        assert!(t.elapsed() < Duration::from_secs(60), "chat did not exit after Ctrl-C and EOF");
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "chat did not exit after Ctrl-C and EOF"
+        );
         std::thread::sleep(Duration::from_millis(50));
     };
     let mut err = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
     assert!(status.success(), "{err}");
     assert!(err.contains("[stopped]"), "{err}");
     assert!(err.contains("finish cancelled"), "{err}");

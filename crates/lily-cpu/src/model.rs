@@ -75,7 +75,13 @@ impl CpuModel {
 
     /// Decode one token (recurrent GDN); returns its logits [V].
     pub fn decode(&self, token: u32, state: &mut State) -> Result<Vec<f32>> {
-        self.forward(&[token], state, Logits::Last, GdnForm::Recurrent, &mut |_, _| {})
+        self.forward(
+            &[token],
+            state,
+            Logits::Last,
+            GdnForm::Recurrent,
+            &mut |_, _| {},
+        )
     }
 
     /// The whole forward. `tap(name, x)` sees the residual stream after each
@@ -98,18 +104,32 @@ impl CpuModel {
             bail!("token id {bad} is out of range: the model has {v} vocabulary rows");
         }
         if state.layers.len() != cfg.num_layers() {
-            bail!("state has {} layers, the model {}", state.layers.len(), cfg.num_layers());
+            bail!(
+                "state has {} layers, the model {}",
+                state.layers.len(),
+                cfg.num_layers()
+            );
         }
         let r = self.act;
         let eps = cfg.rms_norm_eps;
         let mut x = vec![0f32; t * d]; // [T, D] residual stream
         for (i, &tok) in tokens.iter().enumerate() {
-            self.w.embed.row_f32(tok as usize, &mut x[i * d..(i + 1) * d]);
+            self.w
+                .embed
+                .row_f32(tok as usize, &mut x[i * d..(i + 1) * d]);
         }
-        for (l, (lw, ls)) in self.w.layers.iter().zip(state.layers.iter_mut()).enumerate() {
+        for (l, (lw, ls)) in self
+            .w
+            .layers
+            .iter()
+            .zip(state.layers.iter_mut())
+            .enumerate()
+        {
             let h = rmsnorm1p(&x, &lw.input_norm, eps, r);
             let m = match (&lw.mixer, ls) {
-                (MixerWeights::Attention(a), LayerState::Attention(kv)) => gated_attention(&h, t, state.pos, a, cfg, kv, r),
+                (MixerWeights::Attention(a), LayerState::Attention(kv)) => {
+                    gated_attention(&h, t, state.pos, a, cfg, kv, r)
+                }
                 (MixerWeights::Gdn(g), LayerState::Gdn(gs)) => gdn(&h, t, g, cfg, gs, r, form),
                 _ => bail!("layer {l}: state kind does not match the layer's mixer"),
             };

@@ -25,16 +25,31 @@ fn reference(dir: &Path) -> Reference {
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let tok = st.tensor("tokens").unwrap();
     assert_eq!(tok.dtype(), safetensors::Dtype::I64);
-    let tokens = tok.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32).collect();
+    let tokens = tok
+        .data()
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
+        .collect();
     let f32s = |name: &str| {
-        st.tensor(name).ok().map(|t| t.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
+        st.tensor(name).ok().map(|t| {
+            t.data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect()
+        })
     };
-    Reference { tokens, logits: f32s("logits").unwrap(), logits_f32: f32s("logits_f32") }
+    Reference {
+        tokens,
+        logits: f32s("logits").unwrap(),
+        logits_f32: f32s("logits_f32"),
+    }
 }
 
 fn run(model: &CpuModel, tokens: &[u32], decode_from: usize) -> Vec<f32> {
     let mut st = model.new_state();
-    let mut out = model.prefill(&tokens[..decode_from], &mut st, Logits::All).unwrap();
+    let mut out = model
+        .prefill(&tokens[..decode_from], &mut st, Logits::All)
+        .unwrap();
     for &t in &tokens[decode_from..] {
         out.extend(model.decode(t, &mut st).unwrap());
     }
@@ -53,7 +68,11 @@ fn cpu_matches_transformers_on_every_fixture() {
         .filter(|p| p.join("reference.safetensors").exists())
         .collect();
     dirs.sort();
-    assert!(dirs.len() >= 6, "expected the committed fixture cases, found {}", dirs.len());
+    assert!(
+        dirs.len() >= 6,
+        "expected the committed fixture cases, found {}",
+        dirs.len()
+    );
     let mut report = Vec::new();
     let mut failures = Vec::new();
     for dir in &dirs {
@@ -76,9 +95,15 @@ fn cpu_matches_transformers_on_every_fixture() {
             for decode_from in [t, t - 7, 1] {
                 let got = run(m, &r.tokens, decode_from);
                 assert_eq!(got.len(), t * v);
-                let diff = got.iter().zip(want).fold(0f32, |a, (x, y)| a.max((x - y).abs()));
-                let agree =
-                    (0..t).filter(|&i| argmax(&got[i * v..(i + 1) * v]) == argmax(&want[i * v..(i + 1) * v])).count();
+                let diff = got
+                    .iter()
+                    .zip(want)
+                    .fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+                let agree = (0..t)
+                    .filter(|&i| {
+                        argmax(&got[i * v..(i + 1) * v]) == argmax(&want[i * v..(i + 1) * v])
+                    })
+                    .count();
                 let top1 = agree as f32 / t as f32;
                 let rel = diff / max_logit;
                 report.push(format!(
@@ -103,5 +128,9 @@ fn cpu_matches_transformers_on_every_fixture() {
         }
     }
     println!("{}", report.join("\n"));
-    assert!(failures.is_empty(), "outside tolerance:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "outside tolerance:\n{}",
+        failures.join("\n")
+    );
 }

@@ -12,7 +12,9 @@ fn model(name: &str) -> CpuModel {
 }
 
 fn tokens(n: usize, vocab: usize) -> Vec<u32> {
-    (0..n).map(|i| ((i as u64 * 2_654_435_761 + 12345) % vocab as u64) as u32).collect()
+    (0..n)
+        .map(|i| ((i as u64 * 2_654_435_761 + 12345) % vocab as u64) as u32)
+        .collect()
 }
 
 /// Every tapped activation finite and of sane size; returns the last layer's RMS.
@@ -21,20 +23,29 @@ fn check_finite(m: &CpuModel, toks: &[u32]) -> f32 {
     let mut worst = 0f32;
     let mut bad = Vec::new();
     let logits = m
-        .forward(toks, &mut st, Logits::All, GdnForm::Chunked, &mut |name, x| {
-            let rms = (x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32).sqrt();
-            if !rms.is_finite() || x.iter().any(|v| !v.is_finite()) {
-                bad.push(name.to_string());
-            }
-            if name.ends_with(".out") {
-                worst = worst.max(rms);
-            }
-        })
+        .forward(
+            toks,
+            &mut st,
+            Logits::All,
+            GdnForm::Chunked,
+            &mut |name, x| {
+                let rms = (x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32).sqrt();
+                if !rms.is_finite() || x.iter().any(|v| !v.is_finite()) {
+                    bad.push(name.to_string());
+                }
+                if name.ends_with(".out") {
+                    worst = worst.max(rms);
+                }
+            },
+        )
         .unwrap();
     assert!(bad.is_empty(), "non-finite activations at {bad:?}");
     assert!(logits.iter().all(|v| v.is_finite()));
     let spread = logits.iter().fold(0f32, |m, v| m.max(v.abs()));
-    assert!(spread > 0.1 && spread < 1e3, "logits degenerate: max |logit| {spread}");
+    assert!(
+        spread > 0.1 && spread < 1e3,
+        "logits degenerate: max |logit| {spread}"
+    );
     worst
 }
 
@@ -79,7 +90,10 @@ fn state_continues_across_calls() {
         let bm = (0..v).fold(0, |m, j| if b[j] > b[m] { j } else { m });
         agree += (am == bm) as usize;
     }
-    let diff = whole.iter().zip(&parts).fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+    let diff = whole
+        .iter()
+        .zip(&parts)
+        .fold(0f32, |a, (x, y)| a.max((x - y).abs()));
     assert!(diff <= 1e-4 * max, "max diff {diff} vs max |logit| {max}");
     assert_eq!(agree, toks.len(), "top-1 agreement {agree}/{}", toks.len());
 }

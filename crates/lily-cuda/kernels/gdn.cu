@@ -1,8 +1,10 @@
 // Gated DeltaNet: causal conv1d + SiLU with its state, and the gated delta
-// recurrence. The recurrence kernel serves decode and (token by token) prefill:
-// a column c of a head's state S[:, c] evolves independently of the others
-// given k, q, v[c], g and beta, so each lane owns one column in registers
-// (Dk = 128 floats) and a warp covers 32 columns.
+// recurrence. gdn_recurrent_kernel runs the recurrence token by token (any T;
+// the reference for the chunked prefill kernels): a column c of a head's
+// state S[:, c] evolves independently of the others given k, q, v[c], g and
+// beta, so each lane owns one column in registers (Dk = 128 floats) and a
+// warp covers 32 columns. gdn_decode_kernel (end of file) is the T = 1 step
+// fused with the gated RMSNorm, laid out for bandwidth.
 #include "common.cuh"
 #define DK 128
 
@@ -69,20 +71,227 @@ extern "C" __global__ void gdn_recurrent_kernel(const float* __restrict__ conv, 
         float decay = expf(g);
         float vc = row[2 * Hk * DK + (long)j * Dv + c];
         float u = 0.f;
+        // volatile: ks and qs are re-read from shared memory where used, not
+        // held in registers next to s across both loops
+        const volatile float* ksv = ks;
+        const volatile float* qsv = qs;
 #pragma unroll
         for (int r = 0; r < DK; r++) {
             s[r] *= decay;
-            u += s[r] * ks[r];
+            u += s[r] * ksv[r];
         }
         float delta = beta * (vc - u);
         float out = 0.f;
 #pragma unroll
         for (int r = 0; r < DK; r++) {
-            s[r] += ks[r] * delta;
-            out += s[r] * qs[r];
+            s[r] += ksv[r] * delta;
+            out += s[r] * qsv[r];
         }
         o[((long)t * Hv + j) * Dv + c] = out;
     }
 #pragma unroll
-    for (int r = 0; r < DK; r++) Sj[(long)r * Dv + c] = s[r];
+    for (int r = 0; r < DK; r++) {
+        // The empty asm hides p's value, so each store computes its address
+        // here instead of the 128 load addresses (64-bit each) staying live
+        // through the whole kernel. With both changes: 168 registers and no
+        // spills (before: 255 registers and ~1.1 KiB of spills).
+        float* p = Sj + c;
+        asm volatile("" : "+l"(p));
+        p[(long)r * Dv] = s[r];
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Decode (T = 1): the gated delta step and the gated RMSNorm, fused.
+//
+// The step reads and writes every head's f32 state once (Hv * 64 KiB = 2 MiB at
+// Hv = 32) and does ~4 flops per state element, so it is a pure bandwidth
+// problem: the goal is the whole state in flight at once, spread over as many
+// SMs as possible, with coalesced 16-byte accesses and no register spills.
+//
+// Geometry: a thread block cluster of 4 blocks per v head (grid Hv * 4, cluster
+// dims fixed at compile time, so a plain cuLaunchKernel launches it); block r
+// of the cluster owns the head's state columns [32 r, 32 r + 32). Block: 256
+// threads = 8 warps; lane = 8 * rs + cg: cg (0..7) picks 4 adjacent columns
+// (a float4), rs (0..3) a row; warp w and i (0..3) give the thread's rows
+// r = 32 i + 4 w + rs. So a thread holds a 4 x 4 tile of S (16 registers),
+// and each of a warp's 4 load/store instructions moves 4 full 128-byte row
+// segments. 128 blocks x 16 KiB: every byte of the state is requested before
+// any arithmetic waits on it.
+//
+// Algebra: with Sd = exp(g) S, u = Sd^T k, delta = beta (v - u), the new state
+// is Sd + k delta^T and o = (Sd + k delta^T)^T q = Sd^T q + delta (k . q). So u
+// and Sd^T q come out of ONE reduction over rows (shuffles over rs, then shared
+// memory over the 8 warps), and the new state can be stored as soon as delta
+// is known. The output norm needs mean(o^2) over the head's 128 columns, i.e.
+// over the 4 blocks of the cluster: each block's sum of squares is exchanged
+// through distributed shared memory (mapa + cluster barriers), no global
+// scratch and no atomics, so the launch is graph-capturable with fixed args.
+#define GDN_DEC_DV 128
+#define GDN_DEC_CLUSTER 4
+#define GDN_DEC_COLS (GDN_DEC_DV / GDN_DEC_CLUSTER)
+#define GDN_DEC_THREADS 256
+
+__device__ __forceinline__ unsigned cluster_ctarank_() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+// Every thread of the cluster: arrive (release) and wait (acquire).
+__device__ __forceinline__ void cluster_sync_() {
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// The generic address of `p`'s counterpart in the shared memory of cluster block `rank`.
+__device__ __forceinline__ const float* cluster_map_(const float* p, unsigned rank) {
+    unsigned long long out;
+    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"(p), "r"(rank));
+    return reinterpret_cast<const float*>(out);
+}
+
+// Grid (Hv * 4), block 256, cluster 4. Dk = Dv = 128.
+// conv: [C] = [q (Hk*128) | k (Hk*128) | v (Hv*128)] f32, post conv + SiLU,
+// 16-byte aligned; ba: [2*Hv] = [b | a]; a_log, dt_bias: [Hv]; z: [Hv*128];
+// w: [128] (gated-norm weight); S: [Hv, 128, 128] f32, 16-byte aligned,
+// updated in place; out: [Hv*128] bf16 =
+// bf16(w * (o * rsqrt(mean(o^2) + eps)) * silu(z)) per head.
+extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_bounds__(GDN_DEC_THREADS)
+    gdn_decode_kernel(const float* __restrict__ conv, const float* __restrict__ ba,
+                      const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+                      const float* __restrict__ z, const float* __restrict__ w,
+                      float* __restrict__ S, bf16* __restrict__ out, int Hk, int Hv, float eps) {
+    __shared__ float4 red_u[8][GDN_DEC_COLS / 4], red_q[8][GDN_DEC_COLS / 4];
+    __shared__ float part;  // this block's sum of o^2, read by the whole cluster
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int rs = lane >> 3, cg = lane & 7;
+    const unsigned rank = cluster_ctarank_();
+    const int j = blockIdx.x / GDN_DEC_CLUSTER;
+    const int col0 = (int)rank * GDN_DEC_COLS;  // first column of this block
+    const int kh = j / (Hv / Hk);
+
+    // 1. The state tile first: 4 rows x float4, all loads in flight together.
+    float* Sj = S + (long)j * DK * GDN_DEC_DV + col0 + cg * 4;
+    float4 s[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        s[i] = *reinterpret_cast<const float4*>(Sj + (long)(32 * i + 4 * warp + rs) * GDN_DEC_DV);
+
+    // 2. q, k of the key head: every warp computes the norms and k . q itself
+    //    (lane holds elements 4 lane .. 4 lane + 3), so no block barrier.
+    const float* qg = conv + (long)kh * DK;
+    const float* kg = conv + (long)Hk * DK + (long)kh * DK;
+    float4 q4 = *reinterpret_cast<const float4*>(qg + lane * 4);
+    float4 k4 = *reinterpret_cast<const float4*>(kg + lane * 4);
+    float4 v4 = *reinterpret_cast<const float4*>(conv + 2L * Hk * DK + (long)j * GDN_DEC_DV + col0 + cg * 4);
+    float kr[4], qr[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int r = 32 * i + 4 * warp + rs;
+        kr[i] = kg[r];
+        qr[i] = qg[r];
+    }
+    // warp 0 finishes the block's columns (lane = column): its v, w, z now, off the critical path
+    float vc = 0.f, wc = 0.f, zc = 0.f;
+    if (warp == 0) {
+        vc = conv[2L * Hk * DK + (long)j * GDN_DEC_DV + col0 + lane];
+        wc = w[col0 + lane];
+        zc = siluf_(z[(long)j * GDN_DEC_DV + col0 + lane]);
+    }
+    float beta = sigmoidf_(ba[j]);
+    float decay = expf(-expf(a_log[j]) * softplusf_(ba[Hv + j] + dt_bias[j]));
+    float ksq = warp_sum(k4.x * k4.x + k4.y * k4.y + k4.z * k4.z + k4.w * k4.w);
+    float qsq = warp_sum(q4.x * q4.x + q4.y * q4.y + q4.z * q4.z + q4.w * q4.w);
+    float kq = warp_sum(k4.x * q4.x + k4.y * q4.y + k4.z * q4.z + k4.w * q4.w);
+    float kinv = rsqrtf(ksq + 1e-6f), qinv = rsqrtf(qsq + 1e-6f) * rsqrtf((float)DK);
+    kq *= kinv * qinv;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        kr[i] *= kinv;
+        qr[i] *= qinv;
+    }
+
+    // 3. Decay, then per column the partial sums of Sd^T k and Sd^T q over the thread's rows.
+    float4 pu = make_float4(0.f, 0.f, 0.f, 0.f), pq = pu;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        s[i].x *= decay;
+        s[i].y *= decay;
+        s[i].z *= decay;
+        s[i].w *= decay;
+        pu.x += s[i].x * kr[i];
+        pu.y += s[i].y * kr[i];
+        pu.z += s[i].z * kr[i];
+        pu.w += s[i].w * kr[i];
+        pq.x += s[i].x * qr[i];
+        pq.y += s[i].y * qr[i];
+        pq.z += s[i].z * qr[i];
+        pq.w += s[i].w * qr[i];
+    }
+    // over rs (lane bits 3 and 4), then over the 8 warps through shared memory
+#pragma unroll
+    for (int o = 8; o < 32; o <<= 1) {
+        pu.x += __shfl_xor_sync(0xffffffffu, pu.x, o);
+        pu.y += __shfl_xor_sync(0xffffffffu, pu.y, o);
+        pu.z += __shfl_xor_sync(0xffffffffu, pu.z, o);
+        pu.w += __shfl_xor_sync(0xffffffffu, pu.w, o);
+        pq.x += __shfl_xor_sync(0xffffffffu, pq.x, o);
+        pq.y += __shfl_xor_sync(0xffffffffu, pq.y, o);
+        pq.z += __shfl_xor_sync(0xffffffffu, pq.z, o);
+        pq.w += __shfl_xor_sync(0xffffffffu, pq.w, o);
+    }
+    if (rs == 0) {
+        red_u[warp][cg] = pu;
+        red_q[warp][cg] = pq;
+    }
+    __syncthreads();
+    float4 u = red_u[0][cg];
+#pragma unroll
+    for (int w8 = 1; w8 < 8; w8++) {
+        float4 t = red_u[w8][cg];
+        u.x += t.x;
+        u.y += t.y;
+        u.z += t.z;
+        u.w += t.w;
+    }
+    float4 d = make_float4(beta * (v4.x - u.x), beta * (v4.y - u.y), beta * (v4.z - u.z), beta * (v4.w - u.w));
+
+    // 4. S = Sd + k delta^T, stored as soon as delta is known.
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        s[i].x += kr[i] * d.x;
+        s[i].y += kr[i] * d.y;
+        s[i].z += kr[i] * d.z;
+        s[i].w += kr[i] * d.w;
+        *reinterpret_cast<float4*>(Sj + (long)(32 * i + 4 * warp + rs) * GDN_DEC_DV) = s[i];
+    }
+
+    // 5. o = Sd^T q + delta (k . q) for the block's 32 columns: warp 0, lane = column.
+    //    (Its delta is the same sum in the same order as the stored state's.)
+    float o = 0.f;
+    if (warp == 0) {
+        const float* ru = reinterpret_cast<const float*>(&red_u[0][0]);
+        const float* rq = reinterpret_cast<const float*>(&red_q[0][0]);
+        float uc = ru[lane], oc = rq[lane];
+#pragma unroll
+        for (int w8 = 1; w8 < 8; w8++) {
+            uc += ru[w8 * GDN_DEC_COLS + lane];
+            oc += rq[w8 * GDN_DEC_COLS + lane];
+        }
+        o = oc + beta * (vc - uc) * kq;
+        float ss = warp_sum(o * o);
+        if (lane == 0) part = ss;
+    }
+    // 6. The head's sum of squares over the cluster's 4 blocks, then the gated norm.
+    cluster_sync_();
+    if (warp == 0) {
+        float ss = 0.f;
+#pragma unroll
+        for (unsigned r = 0; r < GDN_DEC_CLUSTER; r++) ss += *cluster_map_(&part, r);
+        float inv = rsqrtf(ss / GDN_DEC_DV + eps);
+        out[(long)j * GDN_DEC_DV + col0 + lane] = f2bf(wc * (o * inv) * zc);
+    }
+    // No block may exit (freeing its shared memory) while another still reads `part`.
+    cluster_sync_();
 }

@@ -32,3 +32,42 @@ extern "C" __global__ void add_kernel(float* __restrict__ x, const float* __rest
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
         x[i] += d[i];
 }
+
+// Up to three decode matrix-vector products over the same input in one launch
+// (q/k/v of attention, qkv/z/ba of GDN): one warp per row of the concatenated
+// row ranges [0, N0) [N0, N0+N1) [N0+N1, N0+N1+N2), 8 rows per 256-thread block.
+// Saves launches in the decode graph, where each costs a dependency gap.
+extern "C" __global__ void gemv3_kernel(const bf16* __restrict__ x, int K,
+                                        const bf16* __restrict__ W0, float* __restrict__ y0, int N0,
+                                        const bf16* __restrict__ W1, float* __restrict__ y1, int N1,
+                                        const bf16* __restrict__ W2, float* __restrict__ y2, int N2) {
+    int lane = threadIdx.x & 31;
+    long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const bf16* W;
+    float* y;
+    if (row < N0) {
+        W = W0;
+        y = y0;
+    } else if (row < N0 + N1) {
+        row -= N0;
+        W = W1;
+        y = y1;
+    } else if (row < (long)N0 + N1 + N2) {
+        row -= N0 + N1;
+        W = W2;
+        y = y2;
+    } else {
+        return;
+    }
+    const bf16* w = W + row * K;
+    float acc = 0.f;
+    for (int k = lane * 8; k < K; k += 256) {
+        float a[8], b[8];
+        load8(w + k, a);
+        load8(x + k, b);
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc += a[i] * b[i];
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) y[row] = acc;
+}

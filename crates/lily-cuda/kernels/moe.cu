@@ -4,20 +4,18 @@
 // shared expert sits in "slot K" with its own pointers and width Fs.
 #include "common.cuh"
 
-// One warp per token. logits: [T, E + 1]. Softmax over the E routed logits,
-// top-K (ties to the lower id), renormalised; slot K carries the shared
-// expert's gate sigmoid(logits[E]). idx: [T, K] int, wts: [T, K + 1] f32.
-extern "C" __global__ void router_topk_kernel(const float* __restrict__ logits, int T, int E, int K,
-                                              int* __restrict__ idx, float* __restrict__ wts) {
+// Softmax over the E routed logits of one token, top-K (ties to the lower id),
+// renormalised; slot K carries the shared expert's gate sigmoid(l[E]). Run by
+// one warp. Logits are read through L2 (__ldcg): in the fused decode kernel
+// other blocks wrote them, and an SM's L1 may still hold last step's lines.
+__device__ void topk_warp(const float* __restrict__ l, int E, int K, int* __restrict__ idx,
+                          float* __restrict__ wts) {
     int lane = threadIdx.x & 31;
-    int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (t >= T) return;
-    const float* l = logits + (long)t * (E + 1);
     float m = -LILY_INF;
-    for (int e = lane; e < E; e += 32) m = fmaxf(m, l[e]);
+    for (int e = lane; e < E; e += 32) m = fmaxf(m, __ldcg(l + e));
     m = warp_max(m);
     float z = 0.f;
-    for (int e = lane; e < E; e += 32) z += expf(l[e] - m);
+    for (int e = lane; e < E; e += 32) z += expf(__ldcg(l + e) - m);
     z = warp_sum(z);
     // K rounds of a warp-wide argmax over the experts not yet taken.
     float taken_sum = 0.f;
@@ -29,7 +27,7 @@ extern "C" __global__ void router_topk_kernel(const float* __restrict__ logits, 
         int bi = 0x7fffffff;
         for (int e = lane, s = 0; e < E; e += 32, s++) {
             if ((taken[s >> 5] >> (s & 31)) & 1u) continue;
-            float v = l[e];
+            float v = __ldcg(l + e);
             if (v > best || (v == best && e < bi)) { best = v; bi = e; }
         }
         for (int o = 16; o > 0; o >>= 1) {
@@ -48,11 +46,53 @@ extern "C" __global__ void router_topk_kernel(const float* __restrict__ logits, 
     }
     if (lane == 0) {
         for (int k = 0; k < K; k++) {
-            idx[(long)t * K + k] = ik[k];
-            wts[(long)t * (K + 1) + k] = pk[k] / taken_sum;
+            idx[k] = ik[k];
+            wts[k] = pk[k] / taken_sum;
         }
-        wts[(long)t * (K + 1) + K] = sigmoidf_(l[E]);
+        wts[K] = sigmoidf_(__ldcg(l + E));
     }
+}
+
+// One warp per token. logits: [T, E + 1]; idx: [T, K] int, wts: [T, K + 1] f32.
+extern "C" __global__ void router_topk_kernel(const float* __restrict__ logits, int T, int E, int K,
+                                              int* __restrict__ idx, float* __restrict__ wts) {
+    int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (t >= T) return;
+    topk_warp(logits + (long)t * (E + 1), E, K, idx + (long)t * K, wts + (long)t * (K + 1));
+}
+
+// Decode: the router's matrix-vector product (a warp per row of W [E + 1, D],
+// 8 rows per 256-thread block) and, in the block that finishes last, the
+// top-K: one launch instead of two. `counter` starts at 0 and is reset by the
+// last block, so a captured graph can replay it.
+extern "C" __global__ void router_decode_kernel(const bf16* __restrict__ W, const bf16* __restrict__ x,
+                                                float* __restrict__ logits, int D, int E, int K,
+                                                int* __restrict__ idx, float* __restrict__ wts,
+                                                unsigned* __restrict__ counter) {
+    __shared__ bool last;
+    int lane = threadIdx.x & 31;
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row <= E) {
+        const bf16* w = W + (long)row * D;
+        float acc = 0.f;
+        for (int k = lane * 8; k < D; k += 256) {
+            float a[8], b[8];
+            load8(w + k, a);
+            load8(x + k, b);
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc += a[i] * b[i];
+        }
+        acc = warp_sum(acc);
+        if (lane == 0) logits[row] = acc;
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x < 32) topk_warp(logits, E, K, idx, wts);
+    if (threadIdx.x == 0) *counter = 0;
 }
 
 // h[t, slot, f] = bf16(silu(gate . x) * (up . x)) for the token's K experts and

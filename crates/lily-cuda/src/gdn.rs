@@ -15,6 +15,10 @@
 //! A pass covers at most as many chunks as the scratch buffer holds records
 //! for; passes run back to back on the stream, the state carrying over, so any
 //! T works with a bounded scratch buffer.
+//!
+//! Decode (T = 1) has its own fused kernel, `gdn_decode` (kernels/gdn.cu,
+//! `gdn_decode_kernel`): the recurrent step and the gated RMSNorm in one
+//! bandwidth-bound launch.
 
 use anyhow::{bail, Result};
 
@@ -169,4 +173,89 @@ pub fn gdn_chunked_prefill(
         gpu.sync()?;
     }
     Ok(())
+}
+
+/// The value head dimension `gdn_decode_kernel` is compiled for (a cluster of
+/// 4 blocks of 32 state columns covers one head).
+pub const GDN_DECODE_DV: usize = 128;
+/// Blocks per v head (the kernel's compile-time cluster size) and threads per block.
+const DECODE_CLUSTER: usize = 4;
+const DECODE_THREADS: u32 = 256;
+
+/// The shapes `gdn_decode` supports: Dk = Dv = 128, Hv a positive multiple of Hk.
+pub fn gdn_decode_check(hk: usize, hv: usize, dk: usize, dv: usize) -> Result<()> {
+    if dk != GDN_DK {
+        bail!("gdn_decode: key head dim must be {GDN_DK}, got {dk}");
+    }
+    if dv != GDN_DECODE_DV {
+        bail!("gdn_decode: value head dim must be {GDN_DECODE_DV}, got {dv}");
+    }
+    if hk == 0 || hv == 0 || !hv.is_multiple_of(hk) {
+        bail!("gdn_decode: value heads ({hv}) must be a positive multiple of key heads ({hk})");
+    }
+    if hv * DECODE_CLUSTER > i32::MAX as usize {
+        bail!("gdn_decode: too many heads ({hv})");
+    }
+    Ok(())
+}
+
+/// One decode step (T = 1) of a GDN layer's core and its output norm, fused
+/// (`gdn_decode_kernel`): exactly `gdn_recurrent_kernel` at T = 1 followed by
+/// `gated_rmsnorm_kernel`, in one launch on the Gpu's stream. Runs after
+/// `conv_silu_kernel`. No host synchronisation and no per-step arguments, so it
+/// can be captured in a CUDA graph.
+///
+/// Device pointers:
+/// - `conv_out` [C] f32, C = 2*hk*128 + hv*dv: q | k | v after conv + SiLU, not
+///   normalised (16-byte aligned);
+/// - `ba` [2*hv] f32: b (beta = sigmoid(b)) then a (g = -exp(a_log) softplus(a + dt_bias));
+/// - `a_log`, `dt_bias` [hv] f32;
+/// - `z` [hv*dv] f32: the output gate;
+/// - `norm_w` [dv] f32: the gated-norm weight (plain, not 1 + w);
+/// - `s` [hv, 128, dv] f32: the state, updated in place (16-byte aligned);
+/// - `out` [hv*dv] bf16: `w * (o * rsqrt(mean(o^2) + eps)) * silu(z)` per head,
+///   the input of out_proj.
+///
+/// Geometry: grid hv*4 blocks of 256 threads in clusters of 4 (one cluster per
+/// v head, one block per 32 state columns; each thread holds a 4x4 tile of
+/// the state in registers).
+#[allow(clippy::too_many_arguments)]
+pub fn gdn_decode(
+    gpu: &Gpu,
+    conv_out: u64,
+    ba: u64,
+    a_log: u64,
+    dt_bias: u64,
+    z: u64,
+    norm_w: u64,
+    s: u64,
+    out: u64,
+    hk: usize,
+    hv: usize,
+    dv: usize,
+    eps: f32,
+) -> Result<()> {
+    gdn_decode_check(hk, hv, GDN_DK, dv)?;
+    if !conv_out.is_multiple_of(16) || !s.is_multiple_of(16) {
+        bail!("gdn_decode: conv_out and the state must be 16-byte aligned");
+    }
+    gpu.launch(
+        "gdn_decode_kernel",
+        ((hv * DECODE_CLUSTER) as u32, 1, 1),
+        (DECODE_THREADS, 1, 1),
+        0,
+        &[
+            Arg::Ptr(conv_out),
+            Arg::Ptr(ba),
+            Arg::Ptr(a_log),
+            Arg::Ptr(dt_bias),
+            Arg::Ptr(z),
+            Arg::Ptr(norm_w),
+            Arg::Ptr(s),
+            Arg::Ptr(out),
+            Arg::I32(hk as i32),
+            Arg::I32(hv as i32),
+            Arg::F32(eps),
+        ],
+    )
 }

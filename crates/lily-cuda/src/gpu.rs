@@ -176,6 +176,24 @@ impl Gpu {
         Ok(())
     }
 
+    /// Device-to-device copy bandwidth in bytes/s (bytes read + written),
+    /// the ceiling a bandwidth-bound kernel can reach on this GPU.
+    pub fn copy_bandwidth(&self) -> Result<f64> {
+        let n = 1usize << 30;
+        let (a, b) = (self.alloc(n)?, self.alloc(n)?);
+        self.zero(a.ptr, n)?;
+        let copy = || unsafe { drv::memcpy_dtod_async(b.ptr, a.ptr, n, self.stream.cu_stream()) };
+        copy()?;
+        self.sync()?;
+        let reps = 10;
+        let t = std::time::Instant::now();
+        for _ in 0..reps {
+            copy()?;
+        }
+        self.sync()?;
+        Ok((2 * n * reps) as f64 / t.elapsed().as_secs_f64())
+    }
+
     pub fn sync(&self) -> Result<()> {
         self.stream
             .synchronize()

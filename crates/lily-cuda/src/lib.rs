@@ -2,9 +2,11 @@
 //! at start-up by NVRTC), cuBLAS for prefill GEMMs, and the whole forward pass
 //! on the GPU.
 
+pub mod attention;
 pub mod gdn;
 pub mod gpu;
 pub mod model;
+pub mod profile;
 pub mod sampling;
 pub mod weights;
 

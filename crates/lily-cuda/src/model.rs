@@ -5,7 +5,7 @@
 //! device memory, and a decode step allocates nothing and never waits on the
 //! host, so it can be captured in a CUDA graph.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use lily_model::{Config, LayerKind, Weights};
 
 use crate::gpu::{Arg, DevBuf, Gpu};
@@ -18,6 +18,10 @@ pub struct CudaOptions {
     pub max_seq: usize,
     /// Most tokens one prefill launch sequence handles; longer prompts go in pieces
     pub prefill_chunk: usize,
+    /// Replay each sequence's decode step from a captured CUDA graph (one
+    /// launch instead of ~400); off only to measure what the graph saves
+    /// (`LILY_CUDA_GRAPH=0`)
+    pub graphs: bool,
 }
 
 impl Default for CudaOptions {
@@ -25,6 +29,9 @@ impl Default for CudaOptions {
         CudaOptions {
             max_seq: 32_768,
             prefill_chunk: 4096,
+            graphs: std::env::var("LILY_CUDA_GRAPH")
+                .map(|v| v != "0")
+                .unwrap_or(true),
         }
     }
 }
@@ -35,29 +42,41 @@ pub struct CudaState {
     pub pos: usize,
     /// per layer: (k cache, v cache) [max_seq, Hkv, Dh] bf16, or (conv [C, W-1] f32, S [Hv, Dk, Dv] f32)
     layers: Vec<(DevBuf, DevBuf)>,
+    /// The decode step (layers + lm_head into the logits buffer) captured on
+    /// this state's buffers at its first decode, replayed after.
+    graph: Option<StepGraph>,
 }
+
+/// A captured decode step. The graph refers to this state's buffers and the
+/// model's scratch; it is only launched from the thread that owns the state.
+struct StepGraph(cudarc::driver::CudaGraph);
+// SAFETY: a CUgraphExec may be launched from any thread as long as calls on it
+// are serialised, which `&mut CudaState` guarantees.
+unsafe impl Send for StepGraph {}
 
 /// Activation buffers for up to `prefill_chunk` tokens.
 struct Scratch {
-    ids: DevBuf,    // [T] i32
-    pos: DevBuf,    // [1] i32
-    x: DevBuf,      // [T, D] f32 residual
-    h: DevBuf,      // [T, max(D, Hq*Dh, Hv*Dv)] bf16: GEMM inputs
-    big: DevBuf,    // [T, max(q rows, C)] f32: q_proj / in_proj_qkv output
-    z: DevBuf,      // [T, Hv*Dv] f32
-    k: DevBuf,      // [T, Hkv*Dh] f32
-    v: DevBuf,      // [T, Hkv*Dh] f32
-    ba: DevBuf,     // [T, 2 Hv] f32
-    conv: DevBuf,   // [T, C] f32
-    q: DevBuf,      // [T, max(Hq*Dh, Hv*Dv)] f32: roped q, or GDN core output
-    delta: DevBuf,  // [T, D] f32 mixer output
-    rl: DevBuf,     // [T, E+1] f32 router logits
-    idx: DevBuf,    // [T, K] i32
-    wts: DevBuf,    // [T, K+1] f32
-    moe_h: DevBuf,  // [T, K+1, max(F, Fs)] bf16
-    logits: DevBuf, // [V] f32
-    next: DevBuf,   // [1] i32 sampled token
-    gdn: DevBuf,    // per-chunk records of the chunked GDN prefill
+    ids: DevBuf,     // [T] i32
+    pos: DevBuf,     // [1] i32
+    x: DevBuf,       // [T, D] f32 residual
+    h: DevBuf,       // [T, max(D, Hq*Dh, Hv*Dv)] bf16: GEMM inputs
+    big: DevBuf,     // [T, max(q rows, C)] f32: q_proj / in_proj_qkv output
+    z: DevBuf,       // [T, Hv*Dv] f32
+    k: DevBuf,       // [T, Hkv*Dh] f32
+    v: DevBuf,       // [T, Hkv*Dh] f32
+    ba: DevBuf,      // [T, 2 Hv] f32
+    conv: DevBuf,    // [T, C] f32
+    q: DevBuf,       // [T, max(Hq*Dh, Hv*Dv)] f32: roped q, or GDN core output
+    delta: DevBuf,   // [T, D] f32 mixer output
+    rl: DevBuf,      // [T, E+1] f32 router logits
+    idx: DevBuf,     // [T, K] i32
+    wts: DevBuf,     // [T, K+1] f32
+    moe_h: DevBuf,   // [T, K+1, max(F, Fs)] bf16
+    logits: DevBuf,  // [V] f32
+    next: DevBuf,    // [1] i32 sampled token
+    counter: DevBuf, // [1] u32 blocks done, for kernels whose last block finishes the job
+    gdn: DevBuf,     // per-chunk records of the chunked GDN prefill
+    att: DevBuf,     // split-K partials of the decode attention
 }
 
 pub struct CudaModel {
@@ -66,6 +85,10 @@ pub struct CudaModel {
     pub opts: CudaOptions,
     w: DevWeights,
     s: Scratch,
+    prof: crate::profile::Recorder,
+    prof_pos: std::sync::atomic::AtomicUsize,
+    /// key-range splits of the decode attention (fixed by max_seq, so the graph holds)
+    att_splits: usize,
 }
 
 /// Device memory a model needs, in bytes: (weights, per-sequence state, activations).
@@ -110,8 +133,48 @@ pub fn memory_estimate(cfg: &Config, opts: &CudaOptions) -> (usize, usize, usize
         + t * (kk + 1) * 4
         + t * (kk + 1) * fmax * 2
         + cfg.vocab_size * 4
-        + crate::gdn::gdn_chunked_scratch_bytes(t, hv, dv);
+        + crate::gdn::gdn_chunked_scratch_bytes(t, hv, dv)
+        + crate::attention::attention_decode_scratch_bytes(
+            hq,
+            dh,
+            crate::attention::attention_decode_splits(opts.max_seq),
+        );
     (weight_bytes(cfg), state, act)
+}
+
+/// Bytes the attention core of one decode step moves at `context` cached
+/// tokens: K and V rows read (bf16), q / gate in, the new K/V row and the output.
+fn attention_core_bytes(cfg: &Config, context: usize) -> u64 {
+    let (hq, hkv, dh) = (
+        cfg.num_attention_heads as u64,
+        cfg.num_key_value_heads as u64,
+        cfg.head_dim as u64,
+    );
+    2 * (context as u64 + 1) * hkv * dh * 2
+        + cfg.q_proj_rows() as u64 * 4
+        + 2 * hkv * dh * 4
+        + hq * dh * 2
+}
+
+/// Bytes the GDN core of one decode step moves: the f32 recurrent state read
+/// and written, the conv state read and written, the conv weights.
+fn gdn_core_bytes(cfg: &Config) -> u64 {
+    let (c, w) = (cfg.conv_dim() as u64, cfg.linear_conv_kernel_dim as u64);
+    let s = (cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim)
+        as u64
+        * 4;
+    2 * s + 2 * c * (w - 1) * 4 + c * w * 4 + c * 4 * 2
+}
+
+/// Weight bytes of the experts one token reads in one MoE layer: K routed and the shared one.
+fn moe_expert_bytes(cfg: &Config) -> u64 {
+    let d = cfg.hidden_size as u64;
+    let (k, f, fs) = (
+        cfg.num_experts_per_tok as u64,
+        cfg.moe_intermediate_size as u64,
+        cfg.shared_expert_intermediate_size as u64,
+    );
+    k * 3 * f * d * 2 + 3 * fs * d * 2
 }
 
 fn gib(b: usize) -> f64 {
@@ -167,12 +230,16 @@ impl CudaModel {
         };
         let dw = upload(&gpu, &cfg, w, &progress)?;
         let s = Self::scratch(&gpu, &cfg, &opts)?;
+        let att_splits = crate::attention::attention_decode_splits(opts.max_seq);
         Ok(CudaModel {
             gpu,
             cfg,
             opts,
             w: dw,
             s,
+            prof: crate::profile::Recorder::new(),
+            prof_pos: std::sync::atomic::AtomicUsize::new(0),
+            att_splits,
         })
     }
 
@@ -213,7 +280,17 @@ impl CudaModel {
             moe_h: gpu.alloc(t * (k + 1) * fmax * 2)?,
             logits: gpu.alloc(cfg.vocab_size * 4)?,
             next: gpu.alloc(4)?,
+            counter: {
+                let c = gpu.alloc(4)?;
+                gpu.zero(c.ptr, 4)?;
+                c
+            },
             gdn: gpu.alloc(crate::gdn::gdn_chunked_scratch_bytes(t, hv, dv))?,
+            att: gpu.alloc(crate::attention::attention_decode_scratch_bytes(
+                hq,
+                dh,
+                crate::attention::attention_decode_splits(o.max_seq),
+            ))?,
         })
     }
 
@@ -240,7 +317,11 @@ impl CudaModel {
             };
             layers.push(pair);
         }
-        Ok(CudaState { pos: 0, layers })
+        Ok(CudaState {
+            pos: 0,
+            layers,
+            graph: None,
+        })
     }
 
     /// y[T, N] f32 = x[T, K] bf16 . W[N, K]^T: Lily's GEMV for one token, cuBLAS otherwise.
@@ -263,6 +344,30 @@ impl CudaModel {
         } else {
             self.gpu.gemm_bf16_f32(x, w.ptr, y, t, n, k)
         }
+    }
+
+    /// Three projections of the same input x[T, K]: one launch for a decode
+    /// token, three GEMMs for prefill. Each entry is (weight [N, K], y [T, N], N).
+    fn linear3(&self, x: u64, t: usize, k: usize, p: [(&DevBuf, u64, usize); 3]) -> Result<()> {
+        if t > 1 {
+            for (w, y, n) in p {
+                self.linear(x, w, y, t, n, k)?;
+            }
+            return Ok(());
+        }
+        let rows: usize = p.iter().map(|e| e.2).sum();
+        let mut args = vec![Arg::Ptr(x), Arg::I32(k as i32)];
+        for (w, y, n) in p {
+            debug_assert_eq!(w.bytes, n * k * 2);
+            args.extend([Arg::Ptr(w.ptr), Arg::Ptr(y), Arg::I32(n as i32)]);
+        }
+        self.gpu.launch(
+            "gemv3_kernel",
+            (rows.div_ceil(8) as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &args,
+        )
     }
 
     fn add_norm(&self, x: u64, delta: Option<u64>, w: &DevBuf, out: u64, t: usize) -> Result<()> {
@@ -302,13 +407,17 @@ impl CudaModel {
                 Arg::I32(d as i32),
             ],
         )?;
+        let norm_bytes = (d * 4 * 3 + d * 2) as u64;
+        self.mark("embed", (d * 2 + d * 4) as u64)?;
         for (l, (lw, ls)) in self.w.layers.iter().zip(st.layers.iter()).enumerate() {
             self.add_norm(s.x.ptr, None, &lw.input_norm, s.h.ptr, t)?;
+            self.mark("norms", norm_bytes)?;
             match &lw.mixer {
                 DevMixer::Attention(_) => self.attention(lw, ls, t)?,
                 DevMixer::Gdn(_) => self.gdn(lw, ls, t)?,
             }
             self.add_norm(s.x.ptr, Some(s.delta.ptr), &lw.post_norm, s.h.ptr, t)?;
+            self.mark("norms", norm_bytes)?;
             self.moe(lw, t)
                 .map_err(|e| e.context(format!("layer {l} moe")))?;
         }
@@ -326,9 +435,17 @@ impl CudaModel {
             cfg.num_key_value_heads,
             cfg.head_dim,
         );
-        self.linear(s.h.ptr, &a.q, s.big.ptr, t, cfg.q_proj_rows(), d)?;
-        self.linear(s.h.ptr, &a.k, s.k.ptr, t, hkv * dh, d)?;
-        self.linear(s.h.ptr, &a.v, s.v.ptr, t, hkv * dh, d)?;
+        self.linear3(
+            s.h.ptr,
+            t,
+            d,
+            [
+                (&a.q, s.big.ptr, cfg.q_proj_rows()),
+                (&a.k, s.k.ptr, hkv * dh),
+                (&a.v, s.v.ptr, hkv * dh),
+            ],
+        )?;
+        self.mark("attn qkv proj", (a.q.bytes + a.k.bytes + a.v.bytes) as u64)?;
         let gated = cfg.attn_output_gate as i32;
         g.launch(
             "qk_prep_kernel",
@@ -354,26 +471,48 @@ impl CudaModel {
                 Arg::I32(gated),
             ],
         )?;
-        g.launch(
-            "attention_kernel",
-            (t as u32, hq as u32, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(s.q.ptr),
-                Arg::Ptr(kv.0.ptr),
-                Arg::Ptr(kv.1.ptr),
-                Arg::Ptr(s.big.ptr),
-                Arg::Ptr(s.pos.ptr),
-                Arg::Ptr(s.h.ptr),
-                Arg::I32(hq as i32),
-                Arg::I32(hkv as i32),
-                Arg::I32(dh as i32),
-                Arg::F32((dh as f32).powf(-0.5)),
-                Arg::I32(gated),
-            ],
-        )?;
-        self.linear(s.h.ptr, &a.o, s.delta.ptr, t, d, hq * dh)
+        if t == 1 {
+            // decode: split-K over the cache (flash decoding), then a merge
+            crate::attention::attention_decode(
+                g,
+                s.q.ptr,
+                kv.0.ptr,
+                kv.1.ptr,
+                s.big.ptr,
+                s.pos.ptr,
+                s.h.ptr,
+                s.att.ptr,
+                self.att_splits,
+                hq,
+                hkv,
+                dh,
+                (dh as f32).powf(-0.5),
+                gated != 0,
+            )?;
+        } else {
+            g.launch(
+                "attention_kernel",
+                (t as u32, hq as u32, 1),
+                (256, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(s.q.ptr),
+                    Arg::Ptr(kv.0.ptr),
+                    Arg::Ptr(kv.1.ptr),
+                    Arg::Ptr(s.big.ptr),
+                    Arg::Ptr(s.pos.ptr),
+                    Arg::Ptr(s.h.ptr),
+                    Arg::I32(hq as i32),
+                    Arg::I32(hkv as i32),
+                    Arg::I32(dh as i32),
+                    Arg::F32((dh as f32).powf(-0.5)),
+                    Arg::I32(gated),
+                ],
+            )?;
+        }
+        self.mark("attn core", attention_core_bytes(cfg, self.prof_pos()))?;
+        self.linear(s.h.ptr, &a.o, s.delta.ptr, t, d, hq * dh)?;
+        self.mark("attn o proj", a.o.bytes as u64)
     }
 
     fn gdn(&self, lw: &DevLayer, st: &(DevBuf, DevBuf), t: usize) -> Result<()> {
@@ -389,9 +528,17 @@ impl CudaModel {
             cfg.linear_value_head_dim,
             cfg.linear_conv_kernel_dim,
         );
-        self.linear(s.h.ptr, &w.qkv, s.big.ptr, t, c, d)?;
-        self.linear(s.h.ptr, &w.z, s.z.ptr, t, hv * dv, d)?;
-        self.linear(s.h.ptr, &w.ba, s.ba.ptr, t, 2 * hv, d)?;
+        self.linear3(
+            s.h.ptr,
+            t,
+            d,
+            [
+                (&w.qkv, s.big.ptr, c),
+                (&w.z, s.z.ptr, hv * dv),
+                (&w.ba, s.ba.ptr, 2 * hv),
+            ],
+        )?;
+        self.mark("gdn in proj", (w.qkv.bytes + w.z.bytes + w.ba.bytes) as u64)?;
         g.launch(
             "conv_silu_kernel",
             (c.div_ceil(128) as u32, 1, 1),
@@ -407,7 +554,24 @@ impl CudaModel {
                 Arg::I32(wd as i32),
             ],
         )?;
-        if t > 1 {
+        if t == 1 {
+            // decode: recurrence step and gated norm in one kernel
+            crate::gdn::gdn_decode(
+                g,
+                s.conv.ptr,
+                s.ba.ptr,
+                w.a_log.ptr,
+                w.dt_bias.ptr,
+                s.z.ptr,
+                w.norm.ptr,
+                st.1.ptr,
+                s.h.ptr,
+                hk,
+                hv,
+                dv,
+                cfg.rms_norm_eps,
+            )?;
+        } else {
             // prefill: the chunked (UT-transform) form, parallel over chunks
             crate::gdn::gdn_chunked_prefill(
                 g,
@@ -423,41 +587,24 @@ impl CudaModel {
                 hv,
                 dv,
             )?;
-        } else {
             g.launch(
-                "gdn_recurrent_kernel",
-                (hv as u32, (dv / 32) as u32, 1),
-                (32, 1, 1),
+                "gated_rmsnorm_kernel",
+                ((t * hv) as u32, 1, 1),
+                (dv as u32, 1, 1),
                 0,
                 &[
-                    Arg::Ptr(s.conv.ptr),
-                    Arg::Ptr(s.ba.ptr),
-                    Arg::Ptr(w.a_log.ptr),
-                    Arg::Ptr(w.dt_bias.ptr),
-                    Arg::Ptr(st.1.ptr),
                     Arg::Ptr(s.q.ptr),
-                    Arg::I32(t as i32),
-                    Arg::I32(hk as i32),
-                    Arg::I32(hv as i32),
+                    Arg::Ptr(s.z.ptr),
+                    Arg::Ptr(w.norm.ptr),
+                    Arg::Ptr(s.h.ptr),
                     Arg::I32(dv as i32),
+                    Arg::F32(cfg.rms_norm_eps),
                 ],
             )?;
         }
-        g.launch(
-            "gated_rmsnorm_kernel",
-            ((t * hv) as u32, 1, 1),
-            (dv as u32, 1, 1),
-            0,
-            &[
-                Arg::Ptr(s.q.ptr),
-                Arg::Ptr(s.z.ptr),
-                Arg::Ptr(w.norm.ptr),
-                Arg::Ptr(s.h.ptr),
-                Arg::I32(dv as i32),
-                Arg::F32(cfg.rms_norm_eps),
-            ],
-        )?;
-        self.linear(s.h.ptr, &w.out, s.delta.ptr, t, d, hv * dv)
+        self.mark("gdn core", gdn_core_bytes(cfg))?;
+        self.linear(s.h.ptr, &w.out, s.delta.ptr, t, d, hv * dv)?;
+        self.mark("gdn out proj", w.out.bytes as u64)
     }
 
     fn moe(&self, lw: &DevLayer, t: usize) -> Result<()> {
@@ -469,21 +616,42 @@ impl CudaModel {
             cfg.moe_intermediate_size,
             cfg.shared_expert_intermediate_size,
         );
-        self.linear(s.h.ptr, &lw.router, s.rl.ptr, t, e + 1, d)?;
-        g.launch(
-            "router_topk_kernel",
-            (t.div_ceil(8) as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(s.rl.ptr),
-                Arg::I32(t as i32),
-                Arg::I32(e as i32),
-                Arg::I32(k as i32),
-                Arg::Ptr(s.idx.ptr),
-                Arg::Ptr(s.wts.ptr),
-            ],
-        )?;
+        if t == 1 {
+            g.launch(
+                "router_decode_kernel",
+                ((e + 1).div_ceil(8) as u32, 1, 1),
+                (256, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(lw.router.ptr),
+                    Arg::Ptr(s.h.ptr),
+                    Arg::Ptr(s.rl.ptr),
+                    Arg::I32(d as i32),
+                    Arg::I32(e as i32),
+                    Arg::I32(k as i32),
+                    Arg::Ptr(s.idx.ptr),
+                    Arg::Ptr(s.wts.ptr),
+                    Arg::Ptr(s.counter.ptr),
+                ],
+            )?;
+        } else {
+            self.linear(s.h.ptr, &lw.router, s.rl.ptr, t, e + 1, d)?;
+            g.launch(
+                "router_topk_kernel",
+                (t.div_ceil(8) as u32, 1, 1),
+                (256, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(s.rl.ptr),
+                    Arg::I32(t as i32),
+                    Arg::I32(e as i32),
+                    Arg::I32(k as i32),
+                    Arg::Ptr(s.idx.ptr),
+                    Arg::Ptr(s.wts.ptr),
+                ],
+            )?;
+        }
+        self.mark("moe router", lw.router.bytes as u64)?;
         let fmax = f.max(fs);
         g.launch(
             "moe_gate_up_kernel",
@@ -519,7 +687,8 @@ impl CudaModel {
                 Arg::I32(fs as i32),
                 Arg::I32(k as i32),
             ],
-        )
+        )?;
+        self.mark("moe experts", moe_expert_bytes(cfg))
     }
 
     /// Logits of rows [r0, r0+n) of the residual stream into `out` ([n, V] f32).
@@ -527,7 +696,77 @@ impl CudaModel {
         let (d, v) = (self.cfg.hidden_size, self.cfg.vocab_size);
         let s = &self.s;
         self.add_norm(s.x.at(r0 * d * 4), None, &self.w.norm, s.h.ptr, n)?;
-        self.linear(s.h.ptr, &self.w.lm_head, out, n, v, d)
+        self.linear(s.h.ptr, &self.w.lm_head, out, n, v, d)?;
+        self.mark("lm_head", (self.w.lm_head.bytes + v * 4) as u64)
+    }
+
+    fn mark(&self, name: &'static str, bytes: u64) -> Result<()> {
+        self.prof.mark(self.gpu.stream.cu_stream(), name, bytes)
+    }
+
+    /// The position a profiled step runs at (for the KV bytes it reads).
+    fn prof_pos(&self) -> usize {
+        self.prof_pos.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Bytes one decode step at `context` cached tokens must move: the
+    /// weights it reads (the 8 routed experts and the shared one of each MoE
+    /// layer, not all 256), the KV cache it scans, the recurrent state it
+    /// reads and writes. Over the device bandwidth it is the step's floor.
+    pub fn decode_step_bytes(&self, context: usize) -> u64 {
+        let cfg = &self.cfg;
+        let d = cfg.hidden_size as u64;
+        let mut b = (self.w.lm_head.bytes as u64) + d * 6;
+        for lw in &self.w.layers {
+            b += lw.router.bytes as u64 + moe_expert_bytes(cfg) + 2 * (d * 4 * 3 + d * 2);
+            b += match &lw.mixer {
+                DevMixer::Attention(a) => {
+                    (a.q.bytes + a.k.bytes + a.v.bytes + a.o.bytes) as u64
+                        + attention_core_bytes(cfg, context)
+                }
+                DevMixer::Gdn(w) => {
+                    (w.qkv.bytes + w.z.bytes + w.ba.bytes + w.out.bytes) as u64
+                        + gdn_core_bytes(cfg)
+                }
+            };
+        }
+        b
+    }
+
+    /// Time each kernel group of one decode step at the state's position,
+    /// replayed `runs` times from a captured graph with events between the
+    /// groups; the median per group. The step runs for real: it rewrites the
+    /// KV row at `st.pos` and advances the recurrent states, so profile a
+    /// throwaway state.
+    pub fn profile_decode(
+        &self,
+        st: &mut CudaState,
+        runs: usize,
+    ) -> Result<Vec<crate::profile::Section>> {
+        self.check(st, &[0])?;
+        self.gpu.upload(self.s.pos.ptr, &[st.pos as i32])?;
+        self.prof_pos
+            .store(st.pos, std::sync::atomic::Ordering::Relaxed);
+        self.prof.begin(8 * self.cfg.layer_kinds.len() + 8)?;
+        let graph = self.capture_step(st);
+        let marks = self.prof.take();
+        let graph = graph?;
+        let marks = marks.context("profile marks")?;
+        let mut all: Vec<Vec<crate::profile::Section>> = Vec::new();
+        for _ in 0..runs.max(1) {
+            graph
+                .launch()
+                .map_err(|e| anyhow::anyhow!("launching the profiled step: {e:?}"))?;
+            self.gpu.sync()?;
+            all.push(marks.sections()?);
+        }
+        let mut out = all[0].clone();
+        for (i, sec) in out.iter_mut().enumerate() {
+            let mut v: Vec<f64> = all.iter().map(|r| r[i].us).collect();
+            v.sort_by(f64::total_cmp);
+            sec.us = v[v.len() / 2];
+        }
+        Ok(out)
     }
 
     fn check(&self, st: &CudaState, tokens: &[u32]) -> Result<()> {
@@ -570,6 +809,12 @@ impl CudaModel {
     /// the last one, on the host.
     pub fn forward(&self, st: &mut CudaState, tokens: &[u32], all: bool) -> Result<Vec<f32>> {
         let v = self.cfg.vocab_size;
+        if tokens.len() == 1 {
+            self.check(st, tokens)?;
+            self.gpu.upload(self.s.ids.ptr, &[tokens[0] as i32])?;
+            self.decode_step(st)?;
+            return self.gpu.download::<f32>(self.s.logits.ptr, v);
+        }
         let mut out = Vec::new();
         let mut last = 0;
         self.run_chunks(st, tokens, &mut |n| {
@@ -588,15 +833,58 @@ impl CudaModel {
         Ok(out)
     }
 
-    /// One greedy decode step fully on the device: feed the token in `s.next`
-    /// (the previous step's choice), write the argmax to `s.next`, and copy
-    /// only that id to the host.
-    pub fn decode_greedy(&self, st: &mut CudaState) -> Result<u32> {
+    /// One decode step of the token already in `s.ids[0]` at position
+    /// `st.pos`: every layer and the lm_head, logits into `s.logits`. Replays
+    /// the state's captured graph (capturing it the first time).
+    fn decode_step(&self, st: &mut CudaState) -> Result<()> {
         if st.pos + 1 > self.opts.max_seq {
             bail!("sequence exceeds --max-seq {}", self.opts.max_seq);
         }
         let s = &self.s;
         self.gpu.upload(s.pos.ptr, &[st.pos as i32])?;
+        if !self.opts.graphs {
+            self.layers(st, 1)?;
+            self.head(0, 1, s.logits.ptr)?;
+        } else {
+            if st.graph.is_none() {
+                st.graph = Some(StepGraph(self.capture_step(st)?));
+            }
+            let g = st.graph.as_ref().unwrap();
+            g.0.launch()
+                .map_err(|e| anyhow::anyhow!("launching the decode graph: {e:?}"))?;
+        }
+        st.pos += 1;
+        Ok(())
+    }
+
+    fn capture_step(&self, st: &mut CudaState) -> Result<cudarc::driver::CudaGraph> {
+        use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+        let stream = &self.gpu.stream;
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| anyhow::anyhow!("starting the decode graph capture: {e:?}"))?;
+        let recorded = self
+            .prof
+            .mark_start(stream.cu_stream())
+            .and_then(|_| self.layers(st, 1))
+            .and_then(|_| self.head(0, 1, self.s.logits.ptr));
+        // end the capture even when recording failed, or the stream stays capturing
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+        recorded.context("recording the decode step")?;
+        let graph = graph
+            .map_err(|e| anyhow::anyhow!("instantiating the decode graph: {e:?}"))?
+            .ok_or_else(|| anyhow::anyhow!("the decode graph capture recorded nothing"))?;
+        graph
+            .upload()
+            .map_err(|e| anyhow::anyhow!("uploading the decode graph: {e:?}"))?;
+        Ok(graph)
+    }
+
+    /// One greedy decode step fully on the device: feed the token in `s.next`
+    /// (the previous step's choice), write the argmax to `s.next`, and copy
+    /// only that id to the host.
+    pub fn decode_greedy(&self, st: &mut CudaState) -> Result<u32> {
+        let s = &self.s;
         // the token to feed is the one the last step chose
         self.gpu.launch(
             "copy_i32_kernel",
@@ -605,9 +893,8 @@ impl CudaModel {
             0,
             &[Arg::Ptr(s.next.ptr), Arg::Ptr(s.ids.ptr)],
         )?;
-        self.layers(st, 1)?;
-        st.pos += 1;
-        self.pick_row(0, self.cfg.vocab_size, &GpuSampleParams::greedy(), 0.0)
+        self.decode_step(st)?;
+        self.sample_logits(self.cfg.vocab_size, &GpuSampleParams::greedy(), 0.0)
     }
 
     /// Prefill, then the greedy choice for the next token (left in `s.next`).
@@ -649,13 +936,20 @@ impl CudaModel {
         p: &GpuSampleParams,
         u: f32,
     ) -> Result<u32> {
-        self.run_chunks(st, &[token], &mut |_| Ok(()))?;
-        self.pick_row(0, valid, p, u)
+        self.check(st, &[token])?;
+        self.gpu.upload(self.s.ids.ptr, &[token as i32])?;
+        self.decode_step(st)?;
+        self.sample_logits(valid, p, u)
     }
 
     fn pick_row(&self, row: usize, valid: usize, p: &GpuSampleParams, u: f32) -> Result<u32> {
+        self.head(row, 1, self.s.logits.ptr)?;
+        self.sample_logits(valid, p, u)
+    }
+
+    /// Choose a token from `s.logits` on the device; only its id comes back.
+    fn sample_logits(&self, valid: usize, p: &GpuSampleParams, u: f32) -> Result<u32> {
         let s = &self.s;
-        self.head(row, 1, s.logits.ptr)?;
         sample_into(
             &self.gpu,
             s.logits.ptr,

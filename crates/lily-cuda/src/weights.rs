@@ -145,6 +145,21 @@ impl Uploader<'_> {
                     Arg::F32(p.std),
                 ],
             ),
+            Storage::ProceduralRows(p) => self.gpu.launch(
+                "procedural_rows_fill_kernel",
+                (1024, 1, 1),
+                (256, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(dst),
+                    Arg::U64(n as u64),
+                    Arg::U64(start as u64),
+                    Arg::U64(p.seed),
+                    Arg::F32(p.mean),
+                    Arg::F32(p.std),
+                    Arg::U64(m.cols as u64),
+                ],
+            ),
             Storage::Bytes { .. } => {
                 let bytes = m.t.bytes().unwrap();
                 let sz = m.t.dtype.size();

@@ -16,14 +16,23 @@
 //! with T (decays of at most 0.999 forget an error within a few thousand
 //! tokens); it is compared relative to the whole state's L2 norm, which the
 //! random initial state keeps well away from zero.
+//!
+//! The fused decode kernel (`lily_cuda::gdn::gdn_decode`: the T = 1 step and
+//! the gated RMSNorm in one launch) is checked step after step against the CPU
+//! composition (`GdnCore` recurrent + `gated_rmsnorm`) and against the GPU's
+//! `gdn_recurrent_kernel` + `gated_rmsnorm_kernel`; its tolerances are at
+//! `TOL_DEC_*`.
 
 use lily_cpu::ops::gdn::{l2norm_rows, GdnCore, GdnForm};
+use lily_cpu::ops::norm::gated_rmsnorm;
 use lily_cpu::ops::{sigmoid, softplus};
 use lily_cuda::gdn::{
-    gdn_chunk_record_floats, gdn_chunked_prefill, gdn_chunked_scratch_bytes, GDN_DK,
+    gdn_chunk_record_floats, gdn_chunked_prefill, gdn_chunked_scratch_bytes, gdn_decode,
+    gdn_decode_check, GDN_DECODE_DV, GDN_DK,
 };
 use lily_cuda::gpu::{Arg, Gpu};
 use lily_model::tensor::Procedural;
+use lily_model::DType;
 
 const HK: usize = 16;
 const HV: usize = 32;
@@ -284,4 +293,232 @@ fn chunked_detects_a_wrong_state() {
     let (o_x, _) = run_gpu(&g, &x, Some(Scratch::Own));
     let (o_y, _) = run_gpu(&g, &y, Some(Scratch::Own));
     assert!(rel_l2(&o_y, &o_x) > 1e-2);
+}
+
+// ---------------------------------------------------------------------------
+// Fused decode (T = 1): `gdn_decode` = gdn_recurrent_kernel + gated_rmsnorm_kernel.
+//
+// Tolerances. The output is bf16 (the input of out_proj); the references are:
+// - the CPU in f32 (`gated_rmsnorm` with DType::F32: no intermediate rounding,
+//   as the GPU kernels): the kernel's own f32 result agrees with it to ~1e-6,
+//   so the difference is the final bf16 rounding, at most 2^-9 = 2e-3 relative
+//   per element and ~1.1e-3 rel L2 over uniformly spread mantissas. 4e-3 allows
+//   that with margin; a wrong head, column, gate or norm gives 1e-2 or more;
+// - the GPU's two-kernel path, also bf16: the two f32 results differ by ~1e-6
+//   relative (the fused kernel computes o = Sd^T q + delta (k . q) and sums rows
+//   in another order), so they round to the same bf16 except where a value
+//   sits on a rounding boundary (one ulp, 2^-8 relative, on a tiny fraction of
+//   the elements): rel L2 ~1e-5 expected, 1e-3 allowed.
+// The state is f32 on every side, the same terms summed in a different order:
+// ~1e-7 rel L2 per step, and it does not grow over steps (every decay <= 1);
+// 1e-5 leaves 100x margin while a wrong update (missing decay, beta, a
+// column) is off by 1e-2 or more.
+const TOL_DEC_OUT_CPU: f64 = 4e-3;
+const TOL_DEC_OUT_GPU: f64 = 1e-3;
+const TOL_DEC_S: f64 = 1e-5;
+const EPS: f32 = 1e-6;
+const STEPS: usize = 6;
+
+/// Inputs of `steps` decode steps: the core's (per-step conv rows and b | a,
+/// a random non-zero initial state) plus the output gate z [steps, Hv*Dv] and
+/// the gated-norm weight [Dv].
+struct DecodeInputs {
+    x: Inputs,
+    z: Vec<f32>,
+    norm_w: Vec<f32>,
+}
+
+fn decode_inputs(steps: usize, seed: u64) -> DecodeInputs {
+    DecodeInputs {
+        x: inputs(steps, seed),
+        z: random(steps * HV * DV, seed + 6, 0.0, 1.5),
+        norm_w: random(DV, seed + 7, 1.0, 0.3),
+    }
+}
+
+fn bf16s_to_f32(v: &[u16]) -> Vec<f32> {
+    v.iter()
+        .map(|b| f32::from_bits((*b as u32) << 16))
+        .collect()
+}
+
+/// The CPU composition, step by step: per step (out [Hv*Dv] in f32, state after it).
+fn cpu_decode(d: &DecodeInputs) -> Vec<(Vec<f32>, Vec<f32>)> {
+    let x = &d.x;
+    let mut s = x.s0.clone();
+    let mut steps = Vec::new();
+    for t in 0..x.t {
+        let one = Inputs {
+            t: 1,
+            conv: x.conv[t * C..(t + 1) * C].to_vec(),
+            ba: x.ba[t * 2 * HV..(t + 1) * 2 * HV].to_vec(),
+            a_log: x.a_log.clone(),
+            dt_bias: x.dt_bias.clone(),
+            s0: s,
+        };
+        let (o, s1) = cpu_reference(&one);
+        let z = &d.z[t * HV * DV..(t + 1) * HV * DV];
+        let out = gated_rmsnorm(&o, z, &d.norm_w, EPS, DType::F32);
+        steps.push((out, s1.clone()));
+        s = s1;
+    }
+    steps
+}
+
+/// The GPU, step by step, with every launch's arguments fixed across steps (as
+/// a captured graph replays them: each step's inputs are copied into the same
+/// buffers). `fused`: `gdn_decode`; else gdn_recurrent_kernel (T = 1) +
+/// gated_rmsnorm_kernel. Per step: (out as f32 from bf16, state after it).
+fn gpu_decode(g: &Gpu, d: &DecodeInputs, fused: bool) -> Vec<(Vec<f32>, Vec<f32>)> {
+    let x = &d.x;
+    let conv = g.alloc(C * 4).unwrap();
+    let ba = g.alloc(2 * HV * 4).unwrap();
+    let z = g.alloc(HV * DV * 4).unwrap();
+    let a_log = g.upload_new(&x.a_log).unwrap();
+    let dt_bias = g.upload_new(&x.dt_bias).unwrap();
+    let norm_w = g.upload_new(&d.norm_w).unwrap();
+    let s = g.upload_new(&x.s0).unwrap();
+    let o = g.upload_new(&vec![f32::NAN; HV * DV]).unwrap();
+    // bf16 NaN everywhere: an element the kernel does not write fails the finite check
+    let out = g.upload_new(&vec![0xFFFFu16; HV * DV]).unwrap();
+    let mut steps = Vec::new();
+    for t in 0..x.t {
+        g.upload(conv.ptr, &x.conv[t * C..(t + 1) * C]).unwrap();
+        g.upload(ba.ptr, &x.ba[t * 2 * HV..(t + 1) * 2 * HV])
+            .unwrap();
+        g.upload(z.ptr, &d.z[t * HV * DV..(t + 1) * HV * DV])
+            .unwrap();
+        if fused {
+            gdn_decode(
+                g,
+                conv.ptr,
+                ba.ptr,
+                a_log.ptr,
+                dt_bias.ptr,
+                z.ptr,
+                norm_w.ptr,
+                s.ptr,
+                out.ptr,
+                HK,
+                HV,
+                DV,
+                EPS,
+            )
+            .unwrap();
+        } else {
+            g.launch(
+                "gdn_recurrent_kernel",
+                (HV as u32, (DV / 32) as u32, 1),
+                (32, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(conv.ptr),
+                    Arg::Ptr(ba.ptr),
+                    Arg::Ptr(a_log.ptr),
+                    Arg::Ptr(dt_bias.ptr),
+                    Arg::Ptr(s.ptr),
+                    Arg::Ptr(o.ptr),
+                    Arg::I32(1),
+                    Arg::I32(HK as i32),
+                    Arg::I32(HV as i32),
+                    Arg::I32(DV as i32),
+                ],
+            )
+            .unwrap();
+            g.launch(
+                "gated_rmsnorm_kernel",
+                (HV as u32, 1, 1),
+                (DV as u32, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(o.ptr),
+                    Arg::Ptr(z.ptr),
+                    Arg::Ptr(norm_w.ptr),
+                    Arg::Ptr(out.ptr),
+                    Arg::I32(DV as i32),
+                    Arg::F32(EPS),
+                ],
+            )
+            .unwrap();
+        }
+        g.sync().unwrap();
+        let o16: Vec<u16> = g.download(out.ptr, HV * DV).unwrap();
+        steps.push((bf16s_to_f32(&o16), g.download(s.ptr, HV * DK * DV).unwrap()));
+    }
+    steps
+}
+
+#[test]
+fn decode_matches_cpu_and_two_kernel_path() {
+    let Some(g) = gpu() else { return };
+    assert_eq!((GDN_DK, GDN_DECODE_DV), (DK, DV));
+    for seed in [0xDEC0DE_u64, 0x5EED] {
+        let d = decode_inputs(STEPS, seed);
+        let cpu = cpu_decode(&d);
+        let two = gpu_decode(&g, &d, false);
+        let fused = gpu_decode(&g, &d, true);
+        let mut prev = d.x.s0.clone();
+        for (t, ((c, r), f)) in cpu.iter().zip(&two).zip(&fused).enumerate() {
+            assert!(
+                f.0.iter().chain(&f.1).all(|v| v.is_finite()),
+                "seed {seed:#x} step {t}: non-finite output or state"
+            );
+            // not a degenerate test: outputs of size, a state that moves each step
+            let max_out = c.0.iter().fold(0f32, |m, v| m.max(v.abs()));
+            assert!(max_out > 0.1, "degenerate test: max |out| {max_out}");
+            let moved = rel_l2(&c.1, &prev);
+            assert!(
+                moved > 1e-2,
+                "degenerate test: the state moved by {moved:.2e}"
+            );
+            prev.clone_from(&c.1);
+
+            let (eo_cpu, es_cpu) = (rel_l2(&f.0, &c.0), rel_l2(&f.1, &c.1));
+            let (eo_gpu, es_gpu) = (rel_l2(&f.0, &r.0), rel_l2(&f.1, &r.1));
+            eprintln!(
+                "seed {seed:#x} step {t}: gdn_decode vs CPU: out {eo_cpu:.2e}, S {es_cpu:.2e}; \
+                 vs recurrent + gated_rmsnorm kernels: out {eo_gpu:.2e}, S {es_gpu:.2e}"
+            );
+            assert!(
+                eo_cpu < TOL_DEC_OUT_CPU,
+                "step {t}: out vs CPU, rel L2 {eo_cpu:.3e}"
+            );
+            assert!(
+                es_cpu < TOL_DEC_S,
+                "step {t}: state vs CPU, rel L2 {es_cpu:.3e}"
+            );
+            assert!(
+                eo_gpu < TOL_DEC_OUT_GPU,
+                "step {t}: out vs the two-kernel path, rel L2 {eo_gpu:.3e}"
+            );
+            assert!(
+                es_gpu < TOL_DEC_S,
+                "step {t}: state vs the two-kernel path, rel L2 {es_gpu:.3e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn decode_output_depends_on_the_state() {
+    // The comparison can fail: from another initial state the output differs.
+    let Some(g) = gpu() else { return };
+    let d = decode_inputs(1, 11);
+    let mut e = decode_inputs(1, 11);
+    e.x.s0 = random(HV * DK * DV, 12, 0.0, 0.5);
+    let (a, b) = (gpu_decode(&g, &d, true), gpu_decode(&g, &e, true));
+    assert!(rel_l2(&b[0].0, &a[0].0) > 1e-2);
+}
+
+#[test]
+fn decode_rejects_unsupported_shapes() {
+    // no GPU needed: the launcher checks shapes before it launches
+    assert!(gdn_decode_check(HK, HV, DK, DV).is_ok());
+    assert!(gdn_decode_check(HV, HV, DK, DV).is_ok());
+    assert!(gdn_decode_check(HK, HV, 64, DV).is_err());
+    assert!(gdn_decode_check(HK, HV, DK, 64).is_err());
+    assert!(gdn_decode_check(HK, HV, DK, 256).is_err());
+    assert!(gdn_decode_check(0, HV, DK, DV).is_err());
+    assert!(gdn_decode_check(HK, 0, DK, DV).is_err());
+    assert!(gdn_decode_check(12, HV, DK, DV).is_err());
 }

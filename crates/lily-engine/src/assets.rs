@@ -40,15 +40,23 @@ impl TextAssets {
                     t
                 };
                 let template = ChatTemplate::from_dir(dir)?.unwrap_or_else(ChatTemplate::builtin);
-                let mut generation = GenerationConfig::from_dir(dir)?.unwrap_or_else(GenerationConfig::qwen_default);
+                let mut generation =
+                    GenerationConfig::from_dir(dir)?.unwrap_or_else(GenerationConfig::qwen_default);
                 if generation.eos_token_ids.is_empty() {
                     generation.eos_token_ids = GenerationConfig::qwen_default().eos_token_ids;
                 }
-                TextAssets { tokenizer, template, generation }
+                TextAssets {
+                    tokenizer,
+                    template,
+                    generation,
+                }
             }
         };
         if a.tokenizer.len() > vocab_rows {
-            bail!("the tokenizer has {} ids but the model only {vocab_rows} vocabulary rows", a.tokenizer.len());
+            bail!(
+                "the tokenizer has {} ids but the model only {vocab_rows} vocabulary rows",
+                a.tokenizer.len()
+            );
         }
         Ok(a)
     }

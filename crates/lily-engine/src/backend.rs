@@ -1,12 +1,14 @@
 //! Which compute backend runs the model: the CPU reference or the CUDA
 //! backend, chosen by `--device auto|cpu|cuda`. Both implement `Model`.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use lily_cpu::CpuModel;
+use lily_cuda::sampling::GpuSampleParams;
 use lily_cuda::{CudaModel, CudaOptions, CudaState};
 use lily_model::{Config, Weights};
 
 use crate::generate::Model;
+use crate::sampling::Sampler;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Device {
@@ -28,6 +30,7 @@ impl std::str::FromStr for Device {
     }
 }
 
+#[allow(clippy::large_enum_variant)] // one per process: boxing the CPU model would buy nothing
 pub enum Backend {
     Cpu(CpuModel),
     Cuda(Box<CudaModel>),
@@ -41,7 +44,13 @@ pub enum BackendState {
 impl Backend {
     /// Build the model on `device`. `verbose` prints the memory estimate and
     /// upload progress of the CUDA backend to stderr.
-    pub fn load(device: Device, cfg: Config, w: Weights, max_seq: usize, verbose: bool) -> Result<Backend> {
+    pub fn load(
+        device: Device,
+        cfg: Config,
+        w: Weights,
+        max_seq: usize,
+        verbose: bool,
+    ) -> Result<Backend> {
         let want_cuda = match device {
             Device::Cpu => false,
             Device::Cuda => true,
@@ -60,8 +69,13 @@ impl Backend {
             }
             Err(e) => return Err(e.context("--device cuda")),
         };
-        let opts = CudaOptions { max_seq, ..CudaOptions::default() };
-        Ok(Backend::Cuda(Box::new(CudaModel::load(gpu, cfg, &w, opts, verbose)?)))
+        let opts = CudaOptions {
+            max_seq,
+            ..CudaOptions::default()
+        };
+        Ok(Backend::Cuda(Box::new(CudaModel::load(
+            gpu, cfg, &w, opts, verbose,
+        )?)))
     }
 
     pub fn cfg(&self) -> &Config {
@@ -89,29 +103,46 @@ impl Backend {
 }
 
 fn rayon_threads() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// The device sampler's settings for `sampler`'s request, and its draw: a
+/// uniform for a sampled choice (taken from the request's seeded stream where
+/// the host sampler would take it), none for a greedy one.
+fn device_choice(sampler: &mut Sampler) -> (GpuSampleParams, f32) {
+    let p = &sampler.params;
+    let gp = GpuSampleParams {
+        temperature: p.temperature,
+        top_k: p.top_k,
+        top_p: p.top_p,
+        min_p: p.min_p,
+    };
+    let u = if sampler.is_greedy() {
+        0.0
+    } else {
+        lily_cuda::sampling::uniform_f32(sampler.draw())
+    };
+    (gp, u)
 }
 
 impl Model for Backend {
     type State = BackendState;
 
-    fn new_state(&self) -> BackendState {
-        match self {
+    fn new_state(&self) -> Result<BackendState> {
+        Ok(match self {
             Backend::Cpu(m) => BackendState::Cpu(m.new_state()),
-            // A state that cannot be allocated (GPU memory exhausted) surfaces
-            // at the first prefill instead of here.
-            Backend::Cuda(m) => match m.new_state() {
-                Ok(s) => BackendState::Cuda(s),
-                Err(_) => BackendState::Cpu(lily_cpu::State { pos: usize::MAX, layers: Vec::new() }),
-            },
-        }
+            Backend::Cuda(m) => BackendState::Cuda(
+                m.new_state().context("allocating the sequence state on the GPU (out of GPU memory? a smaller --max-seq needs less)")?,
+            ),
+        })
     }
 
     fn prefill(&self, tokens: &[u32], st: &mut BackendState) -> Result<Vec<f32>> {
         match (self, st) {
             (Backend::Cpu(m), BackendState::Cpu(s)) => m.prefill(tokens, s, lily_cpu::Logits::Last),
             (Backend::Cuda(m), BackendState::Cuda(s)) => m.forward(s, tokens, false),
-            (Backend::Cuda(_), _) => bail!("could not allocate the sequence state on the GPU"),
             _ => bail!("state belongs to another backend"),
         }
     }
@@ -128,6 +159,39 @@ impl Model for Backend {
         match st {
             BackendState::Cpu(s) => s.pos,
             BackendState::Cuda(s) => s.pos,
+        }
+    }
+
+    /// On CUDA the choice is made on the device (kernels/sampling.cu): only
+    /// the id leaves the GPU. The CPU samples its logits as usual.
+    fn prefill_pick(
+        &self,
+        tokens: &[u32],
+        st: &mut BackendState,
+        sampler: &mut Sampler,
+    ) -> Result<u32> {
+        match (self, st) {
+            (Backend::Cuda(m), BackendState::Cuda(s)) if sampler.logits_only() => {
+                let (p, u) = device_choice(sampler);
+                m.prefill_sample(s, tokens, sampler.valid_vocab(), &p, u)
+            }
+            (_, st) => {
+                let logits = self.prefill(tokens, st)?;
+                Ok(sampler.sample(&logits))
+            }
+        }
+    }
+
+    fn decode_pick(&self, token: u32, st: &mut BackendState, sampler: &mut Sampler) -> Result<u32> {
+        match (self, st) {
+            (Backend::Cuda(m), BackendState::Cuda(s)) if sampler.logits_only() => {
+                let (p, u) = device_choice(sampler);
+                m.decode_sample(s, token, sampler.valid_vocab(), &p, u)
+            }
+            (_, st) => {
+                let logits = self.decode(token, st)?;
+                Ok(sampler.sample(&logits))
+            }
         }
     }
 }

@@ -11,21 +11,57 @@ use crate::sampling::{Sampler, SamplingParams};
 
 /// What the engine needs from a backend. One sequence's state is an opaque
 /// value owned by the caller, so a scheduler can hold many.
+///
+/// A step either returns the logits (`prefill` / `decode`: the engine samples
+/// on the host) or the chosen token (`prefill_pick` / `decode_pick`: a backend
+/// that holds the logits elsewhere, on a GPU, may choose there and hand back
+/// only the id). The generate loop takes the pick path whenever the choice
+/// needs nothing but the logits and the sampler's draw: no penalties
+/// ([`Sampler::logits_only`]) and nobody who wants the logits themselves
+/// (log-probabilities, [`generate_observed`]). The pick methods default to the
+/// host path, so a backend overrides them only to choose somewhere else, and
+/// may still fall back to the host for a step it cannot choose on.
 pub trait Model {
     type State;
-    fn new_state(&self) -> Self::State;
+    /// A fresh sequence (fails when its memory cannot be allocated).
+    fn new_state(&self) -> Result<Self::State>;
     /// Feed `tokens` after what `state` holds; logits [V] of the last one.
     fn prefill(&self, tokens: &[u32], state: &mut Self::State) -> Result<Vec<f32>>;
     /// Feed one token; its logits [V].
     fn decode(&self, token: u32, state: &mut Self::State) -> Result<Vec<f32>>;
     /// Tokens the state holds.
     fn position(&self, state: &Self::State) -> usize;
+
+    /// [`Model::prefill`], then the next token as `sampler.sample` would
+    /// choose it from the logits of the last one (taking
+    /// [`Sampler::draw`] for a sampled choice, as `sample` does). The engine
+    /// calls it only when `sampler.logits_only()`. Default: host logits.
+    fn prefill_pick(
+        &self,
+        tokens: &[u32],
+        state: &mut Self::State,
+        sampler: &mut Sampler,
+    ) -> Result<u32> {
+        let logits = self.prefill(tokens, state)?;
+        Ok(sampler.sample(&logits))
+    }
+
+    /// [`Model::decode`], then the next token, as in [`Model::prefill_pick`].
+    fn decode_pick(
+        &self,
+        token: u32,
+        state: &mut Self::State,
+        sampler: &mut Sampler,
+    ) -> Result<u32> {
+        let logits = self.decode(token, state)?;
+        Ok(sampler.sample(&logits))
+    }
 }
 
 impl Model for lily_cpu::CpuModel {
     type State = lily_cpu::State;
-    fn new_state(&self) -> lily_cpu::State {
-        lily_cpu::CpuModel::new_state(self)
+    fn new_state(&self) -> Result<lily_cpu::State> {
+        Ok(lily_cpu::CpuModel::new_state(self))
     }
     fn prefill(&self, tokens: &[u32], state: &mut lily_cpu::State) -> Result<Vec<f32>> {
         lily_cpu::CpuModel::prefill(self, tokens, state, lily_cpu::Logits::Last)
@@ -106,13 +142,21 @@ pub struct StopMatcher {
 
 impl StopMatcher {
     pub fn new(stops: &[String]) -> StopMatcher {
-        StopMatcher { stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(), pending: String::new() }
+        StopMatcher {
+            stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            pending: String::new(),
+        }
     }
 
     /// Add text; returns (text safe to emit, whether a stop string matched).
     pub fn push(&mut self, text: &str) -> (String, bool) {
         self.pending.push_str(text);
-        if let Some(at) = self.stops.iter().filter_map(|s| self.pending.find(s.as_str())).min() {
+        if let Some(at) = self
+            .stops
+            .iter()
+            .filter_map(|s| self.pending.find(s.as_str()))
+            .min()
+        {
             let out = self.pending[..at].to_string();
             self.pending.clear();
             return (out, true);
@@ -142,13 +186,29 @@ impl StopMatcher {
 
 /// Run one request. `on_text` receives each new piece of text as soon as it
 /// is certain; returning `false` cancels the generation at the next token.
+/// Tokens are chosen where the backend can (on the GPU, only the id comes
+/// back) unless penalties need the logits on the host.
 pub fn generate<M: Model>(
     model: &M,
     tok: &Tokenizer,
     req: &GenerateRequest,
     on_text: &mut dyn FnMut(&str) -> bool,
 ) -> Result<Generation> {
-    generate_observed(model, tok, req, &mut |_, _| true, on_text)
+    run(model, tok, req, OnToken::Id(&mut |_| true), on_text)
+}
+
+/// [`generate`] with a per-token observer that needs no logits: `on_token(id)`
+/// sees each generated token (end-of-sequence ids excluded) before its text
+/// goes to `on_text`. Returning `false` cancels the generation there; that
+/// token is then not part of the output. The backend may choose on the device.
+pub fn generate_tokens<M: Model>(
+    model: &M,
+    tok: &Tokenizer,
+    req: &GenerateRequest,
+    on_token: &mut dyn FnMut(u32) -> bool,
+    on_text: &mut dyn FnMut(&str) -> bool,
+) -> Result<Generation> {
+    run(model, tok, req, OnToken::Id(on_token), on_text)
 }
 
 /// [`generate`] with a per-token observer: `on_token(id, logits)` sees each
@@ -156,6 +216,7 @@ pub fn generate<M: Model>(
 /// sampled from (before penalties and temperature: what log-probabilities are
 /// reported from), before its text goes to `on_text`. Returning `false`
 /// cancels the generation there; that token is then not part of the output.
+/// Every step brings its logits to the host (no choosing on the device).
 pub fn generate_observed<M: Model>(
     model: &M,
     tok: &Tokenizer,
@@ -163,15 +224,43 @@ pub fn generate_observed<M: Model>(
     on_token: &mut dyn FnMut(u32, &[f32]) -> bool,
     on_text: &mut dyn FnMut(&str) -> bool,
 ) -> Result<Generation> {
+    run(model, tok, req, OnToken::WithLogits(on_token), on_text)
+}
+
+/// Who sees each generated token: with its logits (host logits every step),
+/// or the id alone (the backend may choose on the device).
+enum OnToken<'a> {
+    Id(&'a mut dyn FnMut(u32) -> bool),
+    WithLogits(&'a mut dyn FnMut(u32, &[f32]) -> bool),
+}
+
+fn run<M: Model>(
+    model: &M,
+    tok: &Tokenizer,
+    req: &GenerateRequest,
+    mut on_token: OnToken<'_>,
+    on_text: &mut dyn FnMut(&str) -> bool,
+) -> Result<Generation> {
     if req.prompt.is_empty() {
         bail!("the prompt is empty");
     }
     req.sampling.validate()?;
     let t0 = Instant::now();
-    let mut state = model.new_state();
-    let mut logits = model.prefill(&req.prompt, &mut state)?;
-    let prefill = t0.elapsed();
+    let mut state = model.new_state()?;
     let mut sampler = Sampler::new(req.sampling.clone(), tok.len(), &req.prompt);
+    // Choose where the logits are, or bring them to the host and choose here.
+    let pick = matches!(on_token, OnToken::Id(_)) && sampler.logits_only();
+    let mut logits = Vec::new();
+    // the token chosen by the backend (pick path)
+    let mut chosen = None;
+    if req.max_tokens == 0 {
+        model.prefill(&req.prompt, &mut state)?;
+    } else if pick {
+        chosen = Some(model.prefill_pick(&req.prompt, &mut state, &mut sampler)?);
+    } else {
+        logits = model.prefill(&req.prompt, &mut state)?;
+    }
+    let prefill = t0.elapsed();
     let mut detok = StreamDecoder::new(true);
     let mut stops = StopMatcher::new(&req.stop_strings);
     let mut text = String::new();
@@ -185,7 +274,10 @@ pub fn generate_observed<M: Model>(
         piece.is_empty() || on_text(piece)
     };
     while tokens.len() < req.max_tokens {
-        let next = sampler.sample(&logits);
+        let next = match chosen.take() {
+            Some(id) => id,
+            None => sampler.sample(&logits),
+        };
         if tokens.is_empty() {
             ttft = t0.elapsed();
             t_first = Instant::now();
@@ -194,7 +286,11 @@ pub fn generate_observed<M: Model>(
             finish = FinishReason::Stop;
             break;
         }
-        if !on_token(next, &logits) {
+        let go_on = match &mut on_token {
+            OnToken::Id(f) => f(next),
+            OnToken::WithLogits(f) => f(next, &logits),
+        };
+        if !go_on {
             finish = FinishReason::Cancelled;
             break;
         }
@@ -214,7 +310,11 @@ pub fn generate_observed<M: Model>(
         if tokens.len() == req.max_tokens {
             break;
         }
-        logits = model.decode(next, &mut state)?;
+        if pick {
+            chosen = Some(model.decode_pick(next, &mut state, &mut sampler)?);
+        } else {
+            logits = model.decode(next, &mut state)?;
+        }
     }
     if !stop_string && finish != FinishReason::Cancelled {
         // Flush what the detokenizer and the stop matcher still hold: it was
@@ -224,6 +324,17 @@ pub fn generate_observed<M: Model>(
         let rest = stops.finish();
         emit(&(out + &rest), &mut text);
     }
-    let stats = Stats { prompt_tokens: req.prompt.len(), generated_tokens: tokens.len(), prefill, ttft, decode: t_first.elapsed() };
-    Ok(Generation { text, tokens, finish, stats })
+    let stats = Stats {
+        prompt_tokens: req.prompt.len(),
+        generated_tokens: tokens.len(),
+        prefill,
+        ttft,
+        decode: t_first.elapsed(),
+    };
+    Ok(Generation {
+        text,
+        tokens,
+        finish,
+        stats,
+    })
 }

@@ -57,9 +57,15 @@ impl SamplingParams {
             bail!("min_p must be in [0, 1], got {}", self.min_p);
         }
         if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
-            bail!("repetition_penalty must be > 0, got {}", self.repetition_penalty);
+            bail!(
+                "repetition_penalty must be > 0, got {}",
+                self.repetition_penalty
+            );
         }
-        for (k, v) in [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)] {
+        for (k, v) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
             if !(-2.0..=2.0).contains(&v) {
                 bail!("{k} must be in [-2, 2], got {v}");
             }
@@ -120,7 +126,12 @@ impl GenerationConfig {
     /// checkpoint has none.
     pub fn qwen_default() -> GenerationConfig {
         GenerationConfig {
-            sampling: SamplingParams { temperature: 1.0, top_k: 20, top_p: 0.95, ..SamplingParams::greedy() },
+            sampling: SamplingParams {
+                temperature: 1.0,
+                top_k: 20,
+                top_p: 0.95,
+                ..SamplingParams::greedy()
+            },
             eos_token_ids: vec![248_046, 248_044],
         }
     }
@@ -130,13 +141,20 @@ impl GenerationConfig {
         if !path.exists() {
             return Ok(None);
         }
-        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-        let v: Value = serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?;
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let v: Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not valid JSON", path.display()))?;
         Ok(Some(GenerationConfig::from_json(&v)))
     }
 
     pub fn from_json(v: &Value) -> GenerationConfig {
-        let f = |k: &str, d: f32| v.get(k).and_then(Value::as_f64).map(|x| x as f32).unwrap_or(d);
+        let f = |k: &str, d: f32| {
+            v.get(k)
+                .and_then(Value::as_f64)
+                .map(|x| x as f32)
+                .unwrap_or(d)
+        };
         let do_sample = v.get("do_sample").and_then(Value::as_bool).unwrap_or(false);
         let mut s = SamplingParams {
             temperature: f("temperature", 1.0),
@@ -153,10 +171,17 @@ impl GenerationConfig {
         }
         let eos_token_ids = match v.get("eos_token_id") {
             Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-            Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(Value::as_u64)
+                .map(|x| x as u32)
+                .collect(),
             _ => vec![],
         };
-        GenerationConfig { sampling: s, eos_token_ids }
+        GenerationConfig {
+            sampling: s,
+            eos_token_ids,
+        }
     }
 }
 
@@ -168,13 +193,17 @@ pub struct Rng {
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
-        let mut r = Rng { state: seed.wrapping_add(0x853C_49E6_748F_EA9B) };
+        let mut r = Rng {
+            state: seed.wrapping_add(0x853C_49E6_748F_EA9B),
+        };
         r.next_u32();
         r
     }
     pub fn next_u32(&mut self) -> u32 {
         let old = self.state;
-        self.state = old.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        self.state = old
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
         let xorshifted = (((old >> 18) ^ old) >> 27) as u32;
         let rot = (old >> 59) as u32;
         xorshifted.rotate_right(rot)
@@ -203,11 +232,23 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(params: SamplingParams, valid_vocab: usize, prompt: &[u32]) -> Sampler {
         let seed = params.seed.unwrap_or_else(|| {
-            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
             t.as_nanos() as u64 ^ (std::process::id() as u64) << 32
         });
-        let seen = if params.repetition_penalty != 1.0 { prompt.iter().copied().collect() } else { Default::default() };
-        Sampler { params, rng: Rng::new(seed), valid: valid_vocab, counts: Default::default(), seen }
+        let seen = if params.repetition_penalty != 1.0 {
+            prompt.iter().copied().collect()
+        } else {
+            Default::default()
+        };
+        Sampler {
+            params,
+            rng: Rng::new(seed),
+            valid: valid_vocab,
+            counts: Default::default(),
+            seen,
+        }
     }
 
     /// Record a token that was emitted (it feeds the penalties).
@@ -218,6 +259,32 @@ impl Sampler {
         }
     }
 
+    /// Ids below this are real tokens; the rest of the model's rows are padding.
+    pub fn valid_vocab(&self) -> usize {
+        self.valid
+    }
+
+    /// Greedy: the choice is the argmax and draws nothing.
+    pub fn is_greedy(&self) -> bool {
+        self.params.temperature == 0.0 || self.params.top_k == 1
+    }
+
+    /// Whether the choice depends on nothing but the logits (and, when
+    /// sampled, one uniform draw): no penalty is set. A backend may then make
+    /// it where the logits are (`Model::prefill_pick` / `decode_pick`).
+    pub fn logits_only(&self) -> bool {
+        let p = &self.params;
+        p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0
+    }
+
+    /// The uniform in [0, 1) that a sampled choice made elsewhere (on the
+    /// device) consumes: the draw [`Sampler::sample`] would make, from the
+    /// same seeded stream, so a seed repeats a run either way. Take it only
+    /// for a sampled choice (`!is_greedy()`), as `sample` does.
+    pub fn draw(&mut self) -> f64 {
+        self.rng.uniform()
+    }
+
     /// The logits after penalties, restricted to real tokens.
     pub fn penalized(&self, logits: &[f32]) -> Vec<f32> {
         let p = &self.params;
@@ -225,7 +292,11 @@ impl Sampler {
         if p.repetition_penalty != 1.0 {
             for &t in &self.seen {
                 if let Some(x) = l.get_mut(t as usize) {
-                    *x = if *x > 0.0 { *x / p.repetition_penalty } else { *x * p.repetition_penalty };
+                    *x = if *x > 0.0 {
+                        *x / p.repetition_penalty
+                    } else {
+                        *x * p.repetition_penalty
+                    };
                 }
             }
         }
@@ -242,12 +313,14 @@ impl Sampler {
     /// Pick the next token.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         let l = self.penalized(logits);
-        let p = &self.params;
-        if p.temperature == 0.0 || p.top_k == 1 {
+        if self.is_greedy() {
             return argmax(&l);
         }
+        let p = &self.params;
         // Candidates by logit, best first; NaN logits are never candidates.
-        let mut idx: Vec<u32> = (0..l.len() as u32).filter(|&i| !l[i as usize].is_nan()).collect();
+        let mut idx: Vec<u32> = (0..l.len() as u32)
+            .filter(|&i| !l[i as usize].is_nan())
+            .collect();
         if idx.is_empty() {
             return 0;
         }
@@ -259,7 +332,10 @@ impl Sampler {
         idx.sort_unstable_by(by_logit);
         let t = p.temperature as f64;
         let m = l[idx[0] as usize] as f64;
-        let mut probs: Vec<f64> = idx.iter().map(|&i| ((l[i as usize] as f64 - m) / t).exp()).collect();
+        let mut probs: Vec<f64> = idx
+            .iter()
+            .map(|&i| ((l[i as usize] as f64 - m) / t).exp())
+            .collect();
         let z: f64 = probs.iter().sum();
         probs.iter_mut().for_each(|x| *x /= z);
         let mut keep = probs.len();
@@ -289,12 +365,16 @@ impl Sampler {
     }
 }
 
+/// The lowest id holding the largest logit. NaN never wins (none but NaN, or
+/// no logits: 0); logits are ordered as `f32::total_cmp` orders them (so
+/// `+0.0` beats `-0.0`): exactly the GPU's `argmax_kernel`, so a greedy run
+/// gives the same tokens whether the host or the device chooses.
 pub fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0usize;
+    let mut best: Option<usize> = None;
     for (i, v) in x.iter().enumerate() {
-        if *v > x[best] || x[best].is_nan() {
-            best = i;
+        if !v.is_nan() && best.is_none_or(|b| v.total_cmp(&x[b]).is_gt()) {
+            best = Some(i);
         }
     }
-    best as u32
+    best.unwrap_or(0) as u32
 }

@@ -67,7 +67,8 @@ impl Config {
     }
     /// C: conv channels = q, k and v of the GDN, convolved together.
     pub fn conv_dim(&self) -> usize {
-        2 * self.linear_num_key_heads * self.linear_key_head_dim + self.linear_num_value_heads * self.linear_value_head_dim
+        2 * self.linear_num_key_heads * self.linear_key_head_dim
+            + self.linear_num_value_heads * self.linear_value_head_dim
     }
     pub fn gdn_key_dim(&self) -> usize {
         self.linear_num_key_heads * self.linear_key_head_dim
@@ -81,8 +82,10 @@ impl Config {
     }
 
     pub fn from_file(path: &Path) -> Result<Config> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let v: Value = serde_json::from_str(&text).with_context(|| format!("parsing {} as JSON", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let v: Value = serde_json::from_str(&text)
+            .with_context(|| format!("parsing {} as JSON", path.display()))?;
         Config::from_json(&v).with_context(|| format!("invalid config {}", path.display()))
     }
 
@@ -90,7 +93,12 @@ impl Config {
         let root_type = root.get("model_type").and_then(Value::as_str).unwrap_or("");
         // Released form nests the text model; the text-only form is flat.
         let (tc, ty) = match root.get("text_config") {
-            Some(tc) if tc.is_object() => (tc, tc.get("model_type").and_then(Value::as_str).unwrap_or(root_type)),
+            Some(tc) if tc.is_object() => (
+                tc,
+                tc.get("model_type")
+                    .and_then(Value::as_str)
+                    .unwrap_or(root_type),
+            ),
             _ => (root, root_type),
         };
         let supported = ["qwen3_5_moe", "qwen3_5_moe_text"];
@@ -137,16 +145,25 @@ impl Config {
             }
         };
         let rms_norm_eps = r.f64("rms_norm_eps").unwrap_or(1e-6) as f32;
-        let rope = tc.get("rope_parameters").or_else(|| tc.get("rope_scaling")).filter(|v| v.is_object());
+        let rope = tc
+            .get("rope_parameters")
+            .or_else(|| tc.get("rope_scaling"))
+            .filter(|v| v.is_object());
         let rope_get = |k: &str| rope.and_then(|o| o.get(k)).or_else(|| tc.get(k));
-        let rope_theta = rope_get("rope_theta").and_then(Value::as_f64).unwrap_or(10_000.0);
-        let partial = rope_get("partial_rotary_factor").and_then(Value::as_f64).unwrap_or(0.25);
+        let rope_theta = rope_get("rope_theta")
+            .and_then(Value::as_f64)
+            .unwrap_or(10_000.0);
+        let partial = rope_get("partial_rotary_factor")
+            .and_then(Value::as_f64)
+            .unwrap_or(0.25);
         let rope_type = rope
             .and_then(|o| o.get("rope_type").or_else(|| o.get("type")))
             .and_then(Value::as_str)
             .unwrap_or("default");
         if rope_type != "default" {
-            errs.push(format!("rope_type {rope_type:?} is not supported (only \"default\")"));
+            errs.push(format!(
+                "rope_type {rope_type:?} is not supported (only \"default\")"
+            ));
         }
         // int(head_dim * partial_rotary_factor), as HF truncates
         let rotary_dim = (head_dim as f64 * partial) as usize;
@@ -180,12 +197,23 @@ impl Config {
             .or_else(|| root.get("tie_word_embeddings"))
             .and_then(Value::as_bool)
             .unwrap_or(false);
-        let attn_output_gate = tc.get("attn_output_gate").and_then(Value::as_bool).unwrap_or(true);
-        let max_position_embeddings = r.opt_usize("max_position_embeddings").ok().flatten().unwrap_or(32_768);
+        let attn_output_gate = tc
+            .get("attn_output_gate")
+            .and_then(Value::as_bool)
+            .unwrap_or(true);
+        let max_position_embeddings = r
+            .opt_usize("max_position_embeddings")
+            .ok()
+            .flatten()
+            .unwrap_or(32_768);
         let ids = |k: &str| -> Vec<u32> {
             match tc.get(k).or_else(|| root.get(k)) {
                 Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-                Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
+                Some(Value::Array(a)) => a
+                    .iter()
+                    .filter_map(Value::as_u64)
+                    .map(|x| x as u32)
+                    .collect(),
                 _ => vec![],
             }
         };
@@ -221,7 +249,11 @@ impl Config {
             errs = cfg.consistency_errors(num_layers);
         }
         if !errs.is_empty() {
-            bail!("{} problem(s) in config:\n  - {}", errs.len(), errs.join("\n  - "));
+            bail!(
+                "{} problem(s) in config:\n  - {}",
+                errs.len(),
+                errs.join("\n  - ")
+            );
         }
         Ok(cfg)
     }
@@ -256,13 +288,16 @@ impl Config {
                 self.layer_kinds.len()
             ));
         }
-        if self.num_key_value_heads > 0 && self.num_attention_heads % self.num_key_value_heads != 0 {
+        if self.num_key_value_heads > 0 && self.num_attention_heads % self.num_key_value_heads != 0
+        {
             e.push(format!(
                 "num_attention_heads ({}) is not a multiple of num_key_value_heads ({})",
                 self.num_attention_heads, self.num_key_value_heads
             ));
         }
-        if self.linear_num_key_heads > 0 && self.linear_num_value_heads % self.linear_num_key_heads != 0 {
+        if self.linear_num_key_heads > 0
+            && self.linear_num_value_heads % self.linear_num_key_heads != 0
+        {
             e.push(format!(
                 "linear_num_value_heads ({}) is not a multiple of linear_num_key_heads ({})",
                 self.linear_num_value_heads, self.linear_num_key_heads
@@ -297,7 +332,10 @@ struct Reader<'a> {
 
 impl Reader<'_> {
     fn get(&self, k: &str) -> Option<&Value> {
-        self.v.get(k).or_else(|| self.root.get(k)).filter(|x| !x.is_null())
+        self.v
+            .get(k)
+            .or_else(|| self.root.get(k))
+            .filter(|x| !x.is_null())
     }
     fn opt_usize(&self, k: &str) -> Result<Option<usize>> {
         match self.get(k) {
@@ -326,7 +364,15 @@ impl Config {
             hidden_size: 2048,
             vocab_size: 248_320,
             rms_norm_eps: 1e-6,
-            layer_kinds: (0..40).map(|i| if i % 4 == 3 { LayerKind::Attention } else { LayerKind::Gdn }).collect(),
+            layer_kinds: (0..40)
+                .map(|i| {
+                    if i % 4 == 3 {
+                        LayerKind::Attention
+                    } else {
+                        LayerKind::Gdn
+                    }
+                })
+                .collect(),
             tie_word_embeddings: false,
             num_attention_heads: 16,
             num_key_value_heads: 2,
@@ -351,10 +397,21 @@ impl Config {
             "full" => Ok(full),
             // every size of the released model, 4 layers deep (3 GDN + 1 attention):
             // the kernel shapes of the real thing in a tenth of the memory
-            "full4" => Ok(Config { layer_kinds: full.layer_kinds[..4].to_vec(), ..full }),
+            "full4" => Ok(Config {
+                layer_kinds: full.layer_kinds[..4].to_vec(),
+                ..full
+            }),
             "tiny" => Ok(Config {
                 hidden_size: 128,
-                layer_kinds: (0..8).map(|i| if i % 4 == 3 { LayerKind::Attention } else { LayerKind::Gdn }).collect(),
+                layer_kinds: (0..8)
+                    .map(|i| {
+                        if i % 4 == 3 {
+                            LayerKind::Attention
+                        } else {
+                            LayerKind::Gdn
+                        }
+                    })
+                    .collect(),
                 num_attention_heads: 4,
                 num_key_value_heads: 2,
                 head_dim: 64,
@@ -369,7 +426,10 @@ impl Config {
                 shared_expert_intermediate_size: 64,
                 ..full
             }),
-            other => bail!("unknown synthetic model {other:?} (choose from {})", SYNTHETIC_NAMES.join(", ")),
+            other => bail!(
+                "unknown synthetic model {other:?} (choose from {})",
+                SYNTHETIC_NAMES.join(", ")
+            ),
         }
     }
 }

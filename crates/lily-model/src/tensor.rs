@@ -83,13 +83,42 @@ impl Procedural {
         let u = ((z >> 40) as f32) * (1.0 / 16_777_216.0);
         round_bf16(self.mean + self.std * (u * 2.0 - 1.0) * 1.732_050_8)
     }
+
+    /// The power-of-two scale exponent of row `row` in a row-scaled tensor:
+    /// popcount of 8 hashed bits minus 4, a binomial in -4..=4 whose 2^k is
+    /// roughly log-normal (std of ln 2^k about 1). Powers of two keep the
+    /// scaled values exact, so the GPU kernel and the torch rebuild match bit for bit.
+    #[inline]
+    pub fn row_octave(&self, row: u64) -> i32 {
+        let mut z = (self.seed ^ ROW_SALT) ^ row.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z & 0xff).count_ones() as i32 - 4
+    }
+
+    /// Element `i` of a row-scaled tensor with `cols` columns: `value(i) * 2^row_octave(i / cols)`.
+    #[inline]
+    pub fn value_rows(&self, i: u64, cols: u64) -> f32 {
+        self.value(i) * (self.row_octave(i / cols) as f32).exp2()
+    }
 }
+
+/// Salt of the row-scale hash, so it is independent of the element hash.
+pub const ROW_SALT: u64 = 0x5851_F42D_4C95_7F2D;
 
 #[derive(Clone)]
 pub enum Storage {
     /// Bytes of a memory-mapped file (or an owned buffer), `offset..offset+len`.
-    Bytes { buf: Arc<dyn AsRef<[u8]> + Send + Sync>, offset: usize, len: usize },
+    Bytes {
+        buf: Arc<dyn AsRef<[u8]> + Send + Sync>,
+        offset: usize,
+        len: usize,
+    },
     Procedural(Procedural),
+    /// Procedural with a per-row power-of-two scale (`Procedural::value_rows`):
+    /// the spread of row norms a trained output head has.
+    ProceduralRows(Procedural),
 }
 
 /// A host tensor. Row-major, contiguous.
@@ -115,18 +144,39 @@ impl Tensor {
         assert_eq!(shape.iter().product::<usize>(), data.len());
         let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
         let len = bytes.len();
-        Tensor { dtype: DType::F32, shape, storage: Storage::Bytes { buf: Arc::new(bytes), offset: 0, len } }
+        Tensor {
+            dtype: DType::F32,
+            shape,
+            storage: Storage::Bytes {
+                buf: Arc::new(bytes),
+                offset: 0,
+                len,
+            },
+        }
     }
 
     pub fn procedural(shape: Vec<usize>, p: Procedural) -> Tensor {
-        Tensor { dtype: DType::BF16, shape, storage: Storage::Procedural(p) }
+        Tensor {
+            dtype: DType::BF16,
+            shape,
+            storage: Storage::Procedural(p),
+        }
+    }
+
+    /// A procedural matrix whose rows carry power-of-two scales (`Procedural::value_rows`).
+    pub fn procedural_rows(shape: Vec<usize>, p: Procedural) -> Tensor {
+        Tensor {
+            dtype: DType::BF16,
+            shape,
+            storage: Storage::ProceduralRows(p),
+        }
     }
 
     /// Raw bytes, for backends that upload weights; procedural tensors have none.
     pub fn bytes(&self) -> Option<&[u8]> {
         match &self.storage {
             Storage::Bytes { buf, offset, len } => Some(&(**buf).as_ref()[*offset..*offset + *len]),
-            Storage::Procedural(_) => None,
+            Storage::Procedural(_) | Storage::ProceduralRows(_) => None,
         }
     }
 
@@ -136,6 +186,12 @@ impl Tensor {
             Storage::Procedural(p) => {
                 for (k, o) in out.iter_mut().enumerate() {
                     *o = p.value((start + k) as u64);
+                }
+            }
+            Storage::ProceduralRows(p) => {
+                let cols = *self.shape.last().unwrap_or(&1) as u64;
+                for (k, o) in out.iter_mut().enumerate() {
+                    *o = p.value_rows((start + k) as u64, cols);
                 }
             }
             Storage::Bytes { .. } => {
@@ -159,20 +215,29 @@ impl Tensor {
     pub fn materialize(&self) -> Tensor {
         match &self.storage {
             Storage::Bytes { .. } => self.clone(),
-            Storage::Procedural(p) => {
+            Storage::Procedural(_) | Storage::ProceduralRows(_) => {
                 use rayon::prelude::*;
                 let n = self.numel();
                 let mut bytes = vec![0u8; n * 2];
-                bytes.par_chunks_mut(2 * 4096).enumerate().for_each(|(c, chunk)| {
-                    for (k, pair) in chunk.chunks_exact_mut(2).enumerate() {
-                        let v = half::bf16::from_f32(p.value((c * 4096 + k) as u64));
-                        pair.copy_from_slice(&v.to_bits().to_le_bytes());
-                    }
-                });
+                bytes
+                    .par_chunks_mut(2 * 4096)
+                    .enumerate()
+                    .for_each(|(c, chunk)| {
+                        let mut vals = vec![0f32; chunk.len() / 2];
+                        self.read_f32(c * 4096, &mut vals);
+                        for (pair, &x) in chunk.chunks_exact_mut(2).zip(&vals) {
+                            let v = half::bf16::from_f32(x);
+                            pair.copy_from_slice(&v.to_bits().to_le_bytes());
+                        }
+                    });
                 Tensor {
                     dtype: DType::BF16,
                     shape: self.shape.clone(),
-                    storage: Storage::Bytes { buf: Arc::new(bytes), offset: 0, len: n * 2 },
+                    storage: Storage::Bytes {
+                        buf: Arc::new(bytes),
+                        offset: 0,
+                        len: n * 2,
+                    },
                 }
             }
         }
@@ -216,12 +281,22 @@ impl Mat {
     pub fn whole(t: Arc<Tensor>) -> Mat {
         let cols = *t.shape.last().unwrap();
         let rows = t.numel() / cols;
-        Mat { t, row0: 0, rows, cols }
+        Mat {
+            t,
+            row0: 0,
+            rows,
+            cols,
+        }
     }
 
     pub fn rows(&self, r0: usize, n: usize) -> Mat {
         assert!(r0 + n <= self.rows);
-        Mat { t: self.t.clone(), row0: self.row0 + r0, rows: n, cols: self.cols }
+        Mat {
+            t: self.t.clone(),
+            row0: self.row0 + r0,
+            rows: n,
+            cols: self.cols,
+        }
     }
 
     #[inline]

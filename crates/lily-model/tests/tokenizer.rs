@@ -12,8 +12,12 @@ struct Case {
 }
 
 fn corpus() -> Vec<Case> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/qwen3.6-tokenizer/corpus.json");
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../fixtures/qwen3.6-tokenizer/corpus.json"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     v["cases"]
         .as_array()
         .unwrap()
@@ -21,7 +25,12 @@ fn corpus() -> Vec<Case> {
         .map(|c| Case {
             name: c["name"].as_str().unwrap().to_string(),
             text: c["text"].as_str().unwrap().to_string(),
-            ids: c["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect(),
+            ids: c["ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect(),
         })
         .collect()
 }
@@ -35,10 +44,19 @@ fn ids_match_the_reference_encoder() {
     for c in &cases {
         let got = tok.encode(&c.text).unwrap();
         if got != c.ids {
-            bad.push(format!("{}: {:?}\n  want {:?}\n  got  {:?}", c.name, c.text, c.ids, got));
+            bad.push(format!(
+                "{}: {:?}\n  want {:?}\n  got  {:?}",
+                c.name, c.text, c.ids, got
+            ));
         }
     }
-    assert!(bad.is_empty(), "{} of {} differ:\n{}", bad.len(), cases.len(), bad[..bad.len().min(5)].join("\n"));
+    assert!(
+        bad.is_empty(),
+        "{} of {} differ:\n{}",
+        bad.len(),
+        cases.len(),
+        bad[..bad.len().min(5)].join("\n")
+    );
 }
 
 #[test]
@@ -55,13 +73,29 @@ fn decode_restores_the_text() {
 fn vocabulary_facts() {
     let tok = Tokenizer::builtin();
     assert_eq!(tok.len(), 248_077);
-    for (t, id) in [("<|endoftext|>", 248_044), ("<|im_start|>", 248_045), ("<|im_end|>", 248_046), ("<think>", 248_068), ("</think>", 248_069), ("<tool_call>", 248_058), ("<|audio_pad|>", 248_076)] {
+    for (t, id) in [
+        ("<|endoftext|>", 248_044),
+        ("<|im_start|>", 248_045),
+        ("<|im_end|>", 248_046),
+        ("<think>", 248_068),
+        ("</think>", 248_069),
+        ("<tool_call>", 248_058),
+        ("<|audio_pad|>", 248_076),
+    ] {
         assert_eq!(tok.token_id(t), Some(id), "{t}");
     }
-    assert_eq!(tok.encode("<|im_start|>user\nhi<|im_end|>").unwrap(), vec![248_045, 846, 198, 5834, 248_046]);
+    assert_eq!(
+        tok.encode("<|im_start|>user\nhi<|im_end|>").unwrap(),
+        vec![248_045, 846, 198, 5834, 248_046]
+    );
     // special tokens are dropped by skip_special, non-special added ones kept
-    let ids = tok.encode("<think>\nok\n</think>\n\nyes<|im_end|>").unwrap();
-    assert_eq!(tok.decode(&ids, true).unwrap(), "<think>\nok\n</think>\n\nyes");
+    let ids = tok
+        .encode("<think>\nok\n</think>\n\nyes<|im_end|>")
+        .unwrap();
+    assert_eq!(
+        tok.decode(&ids, true).unwrap(),
+        "<think>\nok\n</think>\n\nyes"
+    );
     assert!(tok.is_special(248_046) && !tok.is_special(248_068));
     assert!(tok.decode(&[248_077], false).is_err());
 }
@@ -84,7 +118,11 @@ fn streaming_detokenizer_on_the_corpus() {
         let pieces = stream(&tok, &c.ids, false);
         let whole = tok.decode(&c.ids, false).unwrap();
         if !whole.contains('\u{FFFD}') {
-            assert!(pieces.iter().all(|p| !p.contains('\u{FFFD}')), "{}: broken UTF-8 emitted: {pieces:?}", c.name);
+            assert!(
+                pieces.iter().all(|p| !p.contains('\u{FFFD}')),
+                "{}: broken UTF-8 emitted: {pieces:?}",
+                c.name
+            );
         }
         stream(&tok, &c.ids, true);
     }
@@ -96,7 +134,11 @@ fn streaming_splits_multibyte_characters_across_tokens() {
     // Characters that byte-level BPE spells with more than one token.
     let text = "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 👩‍👩‍👧‍👦 ꙮ 𓀀𓀁 🇫🇷";
     let ids = tok.encode(text).unwrap();
-    assert!(ids.len() > text.chars().count(), "expected split characters, got {} ids", ids.len());
+    assert!(
+        ids.len() > text.chars().count(),
+        "expected split characters, got {} ids",
+        ids.len()
+    );
     let pieces = stream(&tok, &ids, false);
     assert!(pieces.iter().all(|p| !p.contains('\u{FFFD}')));
     // some token on its own is not a whole character, so some pieces must be empty

@@ -26,9 +26,18 @@ fn kind(v: &Value) -> &'static str {
 impl<'a> Fields<'a> {
     pub fn new(v: &'a Value, prefix: &str) -> Result<Fields<'a>, ApiError> {
         match v.as_object() {
-            Some(map) => Ok(Fields { map, prefix: prefix.to_string() }),
-            None if prefix.is_empty() => Err(ApiError::bad_request(format!("The request body must be a JSON object, got {}", kind(v)))),
-            None => Err(ApiError::invalid(prefix, format!("'{prefix}' must be an object, got {}", kind(v)))),
+            Some(map) => Ok(Fields {
+                map,
+                prefix: prefix.to_string(),
+            }),
+            None if prefix.is_empty() => Err(ApiError::bad_request(format!(
+                "The request body must be a JSON object, got {}",
+                kind(v)
+            ))),
+            None => Err(ApiError::invalid(
+                prefix,
+                format!("'{prefix}' must be an object, got {}", kind(v)),
+            )),
         }
     }
 
@@ -46,7 +55,8 @@ impl<'a> Fields<'a> {
 
     fn wrong(&self, key: &str, want: &str, v: &Value) -> ApiError {
         let n = self.name(key);
-        ApiError::invalid(n.clone(), format!("'{n}' must be {want}, got {}", kind(v))).code("invalid_type")
+        ApiError::invalid(n.clone(), format!("'{n}' must be {want}, got {}", kind(v)))
+            .code("invalid_type")
     }
 
     pub fn bool(&self, key: &str) -> Result<Option<bool>, ApiError> {
@@ -74,7 +84,10 @@ impl<'a> Fields<'a> {
                     Ok(Some(x))
                 } else {
                     let n = self.name(key);
-                    Err(ApiError::invalid(n.clone(), format!("'{n}' is out of range")))
+                    Err(ApiError::invalid(
+                        n.clone(),
+                        format!("'{n}' is out of range"),
+                    ))
                 }
             }
             Some(v) => Err(self.wrong(key, "a number", v)),
@@ -110,19 +123,35 @@ impl<'a> Fields<'a> {
         match self.i64(key)? {
             Some(i) if i < lo || i > hi => {
                 let n = self.name(key);
-                let range = if hi == i64::MAX { format!(">= {lo}") } else { format!("between {lo} and {hi}") };
-                Err(ApiError::invalid(n.clone(), format!("'{n}' must be {range}, got {i}")))
+                let range = if hi == i64::MAX {
+                    format!(">= {lo}")
+                } else {
+                    format!("between {lo} and {hi}")
+                };
+                Err(ApiError::invalid(
+                    n.clone(),
+                    format!("'{n}' must be {range}, got {i}"),
+                ))
             }
             x => Ok(x),
         }
     }
 
-    pub fn f32_in(&self, key: &str, lo: f32, hi: f32, lo_open: bool) -> Result<Option<f32>, ApiError> {
+    pub fn f32_in(
+        &self,
+        key: &str,
+        lo: f32,
+        hi: f32,
+        lo_open: bool,
+    ) -> Result<Option<f32>, ApiError> {
         match self.f32(key)? {
             Some(x) if x > hi || x < lo || (lo_open && x == lo) => {
                 let n = self.name(key);
                 let l = if lo_open { "(" } else { "[" };
-                Err(ApiError::invalid(n.clone(), format!("'{n}' must be in {l}{lo}, {hi}], got {x}")))
+                Err(ApiError::invalid(
+                    n.clone(),
+                    format!("'{n}' must be in {l}{lo}, {hi}], got {x}"),
+                ))
             }
             x => Ok(x),
         }
@@ -170,11 +199,17 @@ pub struct Common {
 
 impl Common {
     pub fn parse(f: &Fields, max_tokens_keys: &[&str]) -> Result<Common, ApiError> {
-        let mut c = Common { model: f.str("model")?.map(str::to_string), ..Default::default() };
+        let mut c = Common {
+            model: f.str("model")?.map(str::to_string),
+            ..Default::default()
+        };
         if let Some(n) = f.int_in("n", 1, i64::MAX)? {
             if n != 1 {
-                return Err(ApiError::invalid("n", format!("'n' must be 1: this server returns one choice per request, got {n}"))
-                    .code("unsupported_value"));
+                return Err(ApiError::invalid(
+                    "n",
+                    format!("'n' must be 1: this server returns one choice per request, got {n}"),
+                )
+                .code("unsupported_value"));
             }
         }
         for k in max_tokens_keys {
@@ -188,7 +223,12 @@ impl Common {
             None => None,
             Some(-1) | Some(0) => Some(0),
             Some(k) if k > 0 => Some(k as usize),
-            Some(k) => return Err(ApiError::invalid("top_k", format!("'top_k' must be -1 (off), 0 (off) or positive, got {k}"))),
+            Some(k) => {
+                return Err(ApiError::invalid(
+                    "top_k",
+                    format!("'top_k' must be -1 (off), 0 (off) or positive, got {k}"),
+                ))
+            }
         };
         c.min_p = f.f32_in("min_p", 0.0, 1.0, false)?;
         c.presence_penalty = f.f32_in("presence_penalty", -2.0, 2.0, false)?;
@@ -201,8 +241,15 @@ impl Common {
         if let Some(b) = f.obj("logit_bias")? {
             for k in b.map.keys() {
                 let p = format!("logit_bias.{k}");
-                let id = k.trim().parse::<u32>().map_err(|_| ApiError::invalid(p.clone(), format!("'logit_bias' keys must be token ids, got {k:?}")))?;
-                let x = b.f32_in(k, -100.0, 100.0, false)?.ok_or_else(|| ApiError::invalid(p.clone(), format!("'{p}' must be a number")))?;
+                let id = k.trim().parse::<u32>().map_err(|_| {
+                    ApiError::invalid(
+                        p.clone(),
+                        format!("'logit_bias' keys must be token ids, got {k:?}"),
+                    )
+                })?;
+                let x = b.f32_in(k, -100.0, 100.0, false)?.ok_or_else(|| {
+                    ApiError::invalid(p.clone(), format!("'{p}' must be a number"))
+                })?;
                 c.logit_bias.push((id, x));
             }
         }
@@ -211,13 +258,20 @@ impl Common {
             Some(Value::String(s)) => vec![s.clone()],
             Some(Value::Array(a)) => {
                 if a.len() > 64 {
-                    return Err(ApiError::invalid("stop", "'stop' may hold at most 64 strings"));
+                    return Err(ApiError::invalid(
+                        "stop",
+                        "'stop' may hold at most 64 strings",
+                    ));
                 }
                 a.iter()
                     .enumerate()
                     .map(|(i, v)| {
                         v.as_str().map(str::to_string).ok_or_else(|| {
-                            ApiError::invalid(format!("stop[{i}]"), format!("'stop[{i}]' must be a string, got {}", kind(v))).code("invalid_type")
+                            ApiError::invalid(
+                                format!("stop[{i}]"),
+                                format!("'stop[{i}]' must be a string, got {}", kind(v)),
+                            )
+                            .code("invalid_type")
                         })
                     })
                     .collect::<Result<_, _>>()?
@@ -225,7 +279,10 @@ impl Common {
             Some(v) => return Err(f.wrong("stop", "a string or an array of strings", v)),
         };
         if let Some(i) = c.stop.iter().position(|s| s.len() > 1024) {
-            return Err(ApiError::invalid("stop", format!("stop string {i} is longer than 1024 bytes")));
+            return Err(ApiError::invalid(
+                "stop",
+                format!("stop string {i} is longer than 1024 bytes"),
+            ));
         }
         c.stream = f.bool("stream")?.unwrap_or(false);
         if let Some(so) = f.obj("stream_options")? {
@@ -278,13 +335,30 @@ pub fn parse_chat(body: &Value) -> Result<ChatRequest, ApiError> {
     let f = Fields::new(body, "")?;
     let common = Common::parse(&f, &["max_tokens", "max_completion_tokens"])?;
     let messages = match f.array("messages")? {
-        None => return Err(ApiError::invalid("messages", "'messages' is required").code("missing_required_parameter")),
-        Some(m) if m.is_empty() => return Err(ApiError::invalid("messages", "'messages' must not be empty")),
-        Some(m) => m.iter().enumerate().map(|(i, m)| message(i, m)).collect::<Result<Vec<_>, _>>()?,
+        None => {
+            return Err(ApiError::invalid("messages", "'messages' is required")
+                .code("missing_required_parameter"))
+        }
+        Some(m) if m.is_empty() => {
+            return Err(ApiError::invalid(
+                "messages",
+                "'messages' must not be empty",
+            ))
+        }
+        Some(m) => m
+            .iter()
+            .enumerate()
+            .map(|(i, m)| message(i, m))
+            .collect::<Result<Vec<_>, _>>()?,
     };
     let tools = match f.array("tools")? {
         None => None,
-        Some(t) => Some(t.iter().enumerate().map(|(i, t)| tool(i, t)).collect::<Result<Vec<_>, _>>()?),
+        Some(t) => Some(
+            t.iter()
+                .enumerate()
+                .map(|(i, t)| tool(i, t))
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
     };
     let tool_choice = match f.get("tool_choice") {
         None => ToolChoice::Auto,
@@ -320,10 +394,18 @@ pub fn parse_chat(body: &Value) -> Result<ChatRequest, ApiError> {
     };
     match (&tool_choice, &tools) {
         (ToolChoice::Required | ToolChoice::Named(_), None) => {
-            return Err(ApiError::invalid("tool_choice", "'tool_choice' requires 'tools'"));
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "'tool_choice' requires 'tools'",
+            ));
         }
-        (ToolChoice::Named(n), Some(t)) if !t.iter().any(|t| t["function"]["name"].as_str() == Some(n)) => {
-            return Err(ApiError::invalid("tool_choice", format!("'tool_choice' names the function {n:?}, which is not among 'tools'")));
+        (ToolChoice::Named(n), Some(t))
+            if !t.iter().any(|t| t["function"]["name"].as_str() == Some(n)) =>
+        {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                format!("'tool_choice' names the function {n:?}, which is not among 'tools'"),
+            ));
         }
         _ => {}
     }
@@ -339,7 +421,10 @@ pub fn parse_chat(body: &Value) -> Result<ChatRequest, ApiError> {
     let logprobs = match (f.bool("logprobs")?.unwrap_or(false), top) {
         (true, n) => Some(n.unwrap_or(0) as usize),
         (false, Some(n)) if n > 0 => {
-            return Err(ApiError::invalid("top_logprobs", "'top_logprobs' needs 'logprobs': true"));
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                "'top_logprobs' needs 'logprobs': true",
+            ));
         }
         _ => None,
     };
@@ -347,28 +432,41 @@ pub fn parse_chat(body: &Value) -> Result<ChatRequest, ApiError> {
         match rf.str("type")? {
             None | Some("text") => {}
             Some(t) => {
-                return Err(ApiError::invalid("response_format.type", format!("response_format {t:?} is not supported (only \"text\")"))
-                    .code("unsupported_value"))
+                return Err(ApiError::invalid(
+                    "response_format.type",
+                    format!("response_format {t:?} is not supported (only \"text\")"),
+                )
+                .code("unsupported_value"))
             }
         }
     }
-    Ok(ChatRequest { common, messages, tools, tool_choice, enable_thinking, preserve_thinking, logprobs })
+    Ok(ChatRequest {
+        common,
+        messages,
+        tools,
+        tool_choice,
+        enable_thinking,
+        preserve_thinking,
+        logprobs,
+    })
 }
 
 /// One message, checked and put in the form the chat template reads.
 fn message(i: usize, m: &Value) -> Result<Value, ApiError> {
     let p = format!("messages[{i}]");
     let f = Fields::new(m, &p)?;
-    let role = f.str("role")?.ok_or_else(|| ApiError::invalid(format!("{p}.role"), format!("'{p}.role' is required")))?;
+    let role = f
+        .str("role")?
+        .ok_or_else(|| ApiError::invalid(format!("{p}.role"), format!("'{p}.role' is required")))?;
     let role = match role {
         "system" | "developer" => "system",
         "user" | "assistant" | "tool" => role,
-        other => {
-            return Err(ApiError::invalid(
-                format!("{p}.role"),
-                format!("'{p}.role' must be one of system, developer, user, assistant, tool; got {other:?}"),
-            ))
-        }
+        other => return Err(ApiError::invalid(
+            format!("{p}.role"),
+            format!(
+                "'{p}.role' must be one of system, developer, user, assistant, tool; got {other:?}"
+            ),
+        )),
     };
     let mut out = Map::new();
     out.insert("role".into(), role.into());
@@ -381,20 +479,32 @@ fn message(i: usize, m: &Value) -> Result<Value, ApiError> {
                 let pp = format!("{p}.content[{j}]");
                 let pf = Fields::new(part, &pp)?;
                 match (pf.str("type")?, pf.get("text")) {
-                    (Some("text") | None, Some(Value::String(t))) => text.push(Value::String(t.clone())),
+                    (Some("text") | None, Some(Value::String(t))) => {
+                        text.push(Value::String(t.clone()))
+                    }
                     (Some("text") | None, other) => {
                         return Err(ApiError::invalid(
                             format!("{pp}.text"),
-                            format!("'{pp}.text' must be a string, got {}", other.map(kind).unwrap_or("nothing")),
+                            format!(
+                                "'{pp}.text' must be a string, got {}",
+                                other.map(kind).unwrap_or("nothing")
+                            ),
                         ))
                     }
                     (Some(t), _) => {
-                        return Err(ApiError::invalid(format!("{pp}.type"), format!("content parts of type {t:?} are not supported: only text"))
-                            .code("unsupported_value"))
+                        return Err(ApiError::invalid(
+                            format!("{pp}.type"),
+                            format!("content parts of type {t:?} are not supported: only text"),
+                        )
+                        .code("unsupported_value"))
                     }
                 }
             }
-            Value::Array(text.into_iter().map(|t| serde_json::json!({"type": "text", "text": t})).collect())
+            Value::Array(
+                text.into_iter()
+                    .map(|t| serde_json::json!({"type": "text", "text": t}))
+                    .collect(),
+            )
         }
         Some(v) => return Err(f.wrong("content", "a string or an array of content parts", v)),
     };
@@ -412,11 +522,18 @@ fn message(i: usize, m: &Value) -> Result<Value, ApiError> {
             for (j, c) in calls.iter().enumerate() {
                 let cp = format!("{p}.tool_calls[{j}]");
                 let cf = Fields::new(c, &cp)?;
-                let fun = cf.obj("function")?.ok_or_else(|| ApiError::invalid(format!("{cp}.function"), format!("'{cp}.function' is required")))?;
-                let name = fun
-                    .str("name")?
-                    .filter(|n| !n.is_empty())
-                    .ok_or_else(|| ApiError::invalid(format!("{cp}.function.name"), format!("'{cp}.function.name' is required")))?;
+                let fun = cf.obj("function")?.ok_or_else(|| {
+                    ApiError::invalid(
+                        format!("{cp}.function"),
+                        format!("'{cp}.function' is required"),
+                    )
+                })?;
+                let name = fun.str("name")?.filter(|n| !n.is_empty()).ok_or_else(|| {
+                    ApiError::invalid(
+                        format!("{cp}.function.name"),
+                        format!("'{cp}.function.name' is required"),
+                    )
+                })?;
                 let args = match fun.get("arguments") {
                     None => Value::Object(Map::new()),
                     Some(Value::String(s)) if s.trim().is_empty() => Value::Object(Map::new()),
@@ -437,7 +554,10 @@ fn message(i: usize, m: &Value) -> Result<Value, ApiError> {
                     call.insert("id".into(), id.into());
                 }
                 call.insert("type".into(), "function".into());
-                call.insert("function".into(), serde_json::json!({"name": name, "arguments": args}));
+                call.insert(
+                    "function".into(),
+                    serde_json::json!({"name": name, "arguments": args}),
+                );
                 list.push(Value::Object(call));
             }
             if !list.is_empty() {
@@ -461,15 +581,31 @@ fn tool(i: usize, t: &Value) -> Result<Value, ApiError> {
     let f = Fields::new(t, &p)?;
     if let Some(ty) = f.str("type")? {
         if ty != "function" {
-            return Err(ApiError::invalid(format!("{p}.type"), format!("'{p}.type' must be \"function\", got {ty:?}")).code("unsupported_value"));
+            return Err(ApiError::invalid(
+                format!("{p}.type"),
+                format!("'{p}.type' must be \"function\", got {ty:?}"),
+            )
+            .code("unsupported_value"));
         }
     }
-    let fun = f.obj("function")?.ok_or_else(|| ApiError::invalid(format!("{p}.function"), format!("'{p}.function' is required")))?;
+    let fun = f.obj("function")?.ok_or_else(|| {
+        ApiError::invalid(
+            format!("{p}.function"),
+            format!("'{p}.function' is required"),
+        )
+    })?;
     let name = fun.str("name")?.unwrap_or("");
-    if name.is_empty() || name.len() > 256 || name.chars().any(|c| c.is_whitespace() || c == '<' || c == '>') {
+    if name.is_empty()
+        || name.len() > 256
+        || name
+            .chars()
+            .any(|c| c.is_whitespace() || c == '<' || c == '>')
+    {
         return Err(ApiError::invalid(
             format!("{p}.function.name"),
-            format!("'{p}.function.name' must be a non-empty name without spaces or angle brackets"),
+            format!(
+                "'{p}.function.name' must be a non-empty name without spaces or angle brackets"
+            ),
         ));
     }
     fun.str("description")?;
@@ -497,16 +633,31 @@ pub struct CompletionRequest {
 pub fn parse_completion(body: &Value) -> Result<CompletionRequest, ApiError> {
     let f = Fields::new(body, "")?;
     let common = Common::parse(&f, &["max_tokens"])?;
-    let bad_prompt = || ApiError::invalid("prompt", "'prompt' must be a string, an array of token ids, or an array holding one of those");
+    let bad_prompt = || {
+        ApiError::invalid(
+            "prompt",
+            "'prompt' must be a string, an array of token ids, or an array holding one of those",
+        )
+    };
     let ids = |a: &Vec<Value>| -> Result<Vec<u32>, ApiError> {
         a.iter()
-            .map(|v| v.as_u64().filter(|&x| x <= u32::MAX as u64).map(|x| x as u32).ok_or_else(bad_prompt))
+            .map(|v| {
+                v.as_u64()
+                    .filter(|&x| x <= u32::MAX as u64)
+                    .map(|x| x as u32)
+                    .ok_or_else(bad_prompt)
+            })
             .collect()
     };
     let prompt = match f.get("prompt") {
-        None => return Err(ApiError::invalid("prompt", "'prompt' is required").code("missing_required_parameter")),
+        None => {
+            return Err(ApiError::invalid("prompt", "'prompt' is required")
+                .code("missing_required_parameter"))
+        }
         Some(Value::String(s)) => Prompt::Text(s.clone()),
-        Some(Value::Array(a)) if a.is_empty() => return Err(ApiError::invalid("prompt", "'prompt' must not be empty")),
+        Some(Value::Array(a)) if a.is_empty() => {
+            return Err(ApiError::invalid("prompt", "'prompt' must not be empty"))
+        }
         Some(Value::Array(a)) if a.iter().all(Value::is_number) => Prompt::Tokens(ids(a)?),
         Some(Value::Array(a)) if a.len() == 1 => match &a[0] {
             Value::String(s) => Prompt::Text(s.clone()),
@@ -514,23 +665,42 @@ pub fn parse_completion(body: &Value) -> Result<CompletionRequest, ApiError> {
             _ => return Err(bad_prompt()),
         },
         Some(Value::Array(a)) if a.iter().all(|v| v.is_string() || v.is_array()) => {
-            return Err(ApiError::invalid("prompt", format!("'prompt' holds {} prompts: this server takes one per request", a.len()))
-                .code("unsupported_value"))
+            return Err(ApiError::invalid(
+                "prompt",
+                format!(
+                    "'prompt' holds {} prompts: this server takes one per request",
+                    a.len()
+                ),
+            )
+            .code("unsupported_value"))
         }
         Some(_) => return Err(bad_prompt()),
     };
     if let Some(b) = f.int_in("best_of", 1, i64::MAX)? {
         if b != 1 {
-            return Err(ApiError::invalid("best_of", "'best_of' must be 1").code("unsupported_value"));
+            return Err(
+                ApiError::invalid("best_of", "'best_of' must be 1").code("unsupported_value")
+            );
         }
     }
     if f.str("suffix")?.is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::invalid("suffix", "'suffix' is not supported").code("unsupported_value"));
+        return Err(
+            ApiError::invalid("suffix", "'suffix' is not supported").code("unsupported_value")
+        );
     }
     let echo = f.bool("echo")?.unwrap_or(false);
     let logprobs = f.int_in("logprobs", 0, 20)?.map(|n| n as usize);
     if echo && logprobs.is_some() {
-        return Err(ApiError::invalid("logprobs", "'logprobs' together with 'echo' is not supported").code("unsupported_value"));
+        return Err(ApiError::invalid(
+            "logprobs",
+            "'logprobs' together with 'echo' is not supported",
+        )
+        .code("unsupported_value"));
     }
-    Ok(CompletionRequest { common, prompt, echo, logprobs })
+    Ok(CompletionRequest {
+        common,
+        prompt,
+        echo,
+        logprobs,
+    })
 }

@@ -22,7 +22,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use lily_engine::assets::TextAssets;
-use lily_engine::generate::{generate_observed, FinishReason, GenerateRequest, Model};
+use lily_engine::generate::{
+    generate_observed, generate_tokens, FinishReason, GenerateRequest, Model,
+};
 use lily_engine::parse::{Event, OutputParser, ToolCall};
 use lily_engine::sampling::SamplingParams;
 use serde_json::Value;
@@ -35,7 +37,10 @@ use crate::steer::{Steered, Steering};
 #[derive(Clone, Debug)]
 pub enum OutputMode {
     /// Chat: reasoning / content / tool calls, by [`OutputParser`].
-    Chat { in_reasoning: bool, tools: Option<Vec<Value>> },
+    Chat {
+        in_reasoning: bool,
+        tools: Option<Vec<Value>>,
+    },
     /// Completions: the text as it is (sent as [`Piece::Content`]).
     Raw,
 }
@@ -74,10 +79,16 @@ pub struct TokenLogprob {
 pub enum JobEvent {
     /// New output; `logprobs` are those of the tokens generated since the last
     /// event (text can be held back for a while: a tag or stop string in the making).
-    Delta { piece: Option<Piece>, logprobs: Vec<TokenLogprob> },
+    Delta {
+        piece: Option<Piece>,
+        logprobs: Vec<TokenLogprob>,
+    },
     Done(Outcome),
     /// The engine failed on this request (or is shutting down).
-    Failed { message: String, shutdown: bool },
+    Failed {
+        message: String,
+        shutdown: bool,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -120,7 +131,14 @@ struct QueueInner {
 
 impl JobQueue {
     pub fn new(capacity: usize) -> JobQueue {
-        JobQueue { inner: Mutex::new(QueueInner { jobs: VecDeque::new(), closed: false }), cv: Condvar::new(), capacity }
+        JobQueue {
+            inner: Mutex::new(QueueInner {
+                jobs: VecDeque::new(),
+                closed: false,
+            }),
+            cv: Condvar::new(),
+            capacity,
+        }
     }
 
     pub fn capacity(&self) -> usize {
@@ -202,12 +220,16 @@ pub fn worker<M: Model>(model: &M, assets: &TextAssets, shared: &EngineShared) {
             continue;
         }
         if shared.abort_all.load(Ordering::SeqCst) {
-            let _ = job.events.send(JobEvent::Failed { message: "the server is shutting down".into(), shutdown: true });
+            let _ = job.events.send(JobEvent::Failed {
+                message: "the server is shutting down".into(),
+                shutdown: true,
+            });
             shared.metrics.finished("aborted");
             continue;
         }
         shared.metrics.running.fetch_add(1, Ordering::SeqCst);
-        let res = std::panic::catch_unwind(AssertUnwindSafe(|| run_job(model, assets, &job, shared)));
+        let res =
+            std::panic::catch_unwind(AssertUnwindSafe(|| run_job(model, assets, &job, shared)));
         shared.metrics.running.fetch_sub(1, Ordering::SeqCst);
         shared.metrics.e2e.observe(job.received.elapsed());
         let failure = match res {
@@ -216,20 +238,34 @@ pub fn worker<M: Model>(model: &M, assets: &TextAssets, shared: &EngineShared) {
                 None
             }
             Ok(Err(e)) => Some(format!("{e:#}")),
-            Err(p) => Some(match p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()) {
-                Some(m) => format!("the engine panicked: {m}"),
-                None => "the engine panicked".to_string(),
-            }),
+            Err(p) => Some(
+                match p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                {
+                    Some(m) => format!("the engine panicked: {m}"),
+                    None => "the engine panicked".to_string(),
+                },
+            ),
         };
         if let Some(message) = failure {
             shared.metrics.finished("error");
-            let _ = job.events.send(JobEvent::Failed { message, shutdown: false });
+            let _ = job.events.send(JobEvent::Failed {
+                message,
+                shutdown: false,
+            });
         }
     }
 }
 
 /// Runs one job; returns the finish reason for the metrics.
-fn run_job<M: Model>(model: &M, assets: &TextAssets, job: &Job, shared: &EngineShared) -> anyhow::Result<&'static str> {
+fn run_job<M: Model>(
+    model: &M,
+    assets: &TextAssets,
+    job: &Job,
+    shared: &EngineShared,
+) -> anyhow::Result<&'static str> {
     let tok = &assets.tokenizer;
     let req = GenerateRequest {
         prompt: job.prompt.clone(),
@@ -238,9 +274,15 @@ fn run_job<M: Model>(model: &M, assets: &TextAssets, job: &Job, shared: &EngineS
         stop_ids: assets.generation.eos_token_ids.clone(),
         stop_strings: job.stop.clone(),
     };
-    let steered = Steered { inner: model, plan: &job.steering };
+    let steered = Steered {
+        inner: model,
+        plan: &job.steering,
+    };
     let mut parser = match &job.output {
-        OutputMode::Chat { in_reasoning, tools } => Some(OutputParser::new(*in_reasoning, tools.as_deref())),
+        OutputMode::Chat {
+            in_reasoning,
+            tools,
+        } => Some(OutputParser::new(*in_reasoning, tools.as_deref())),
         OutputMode::Raw => None,
     };
     // Log-probabilities of tokens whose text has not gone out yet.
@@ -250,9 +292,14 @@ fn run_job<M: Model>(model: &M, assets: &TextAssets, job: &Job, shared: &EngineS
     let valid = tok.len();
     let metrics = &shared.metrics;
     let cancelled = || job.cancel.load(Ordering::SeqCst) || shared.abort_all.load(Ordering::SeqCst);
-    metrics.prompt_tokens.fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
+    metrics
+        .prompt_tokens
+        .fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
 
-    let mut on_token = |id: u32, logits: &[f32]| -> bool {
+    // `logits` is there when log-probabilities were asked for (then every
+    // step brings its logits to the host; otherwise the backend may choose
+    // on the device and only the id comes back).
+    let mut on_token = |id: u32, logits: Option<&[f32]>| -> bool {
         if cancelled() {
             return false;
         }
@@ -263,8 +310,10 @@ fn run_job<M: Model>(model: &M, assets: &TextAssets, job: &Job, shared: &EngineS
         }
         last_token = Some(now);
         metrics.generation_tokens.fetch_add(1, Ordering::Relaxed);
-        if let Some(n) = job.logprobs {
-            pending_lp.borrow_mut().push(token_logprob(tok, logits, valid, id, n));
+        if let (Some(n), Some(logits)) = (job.logprobs, logits) {
+            pending_lp
+                .borrow_mut()
+                .push(token_logprob(tok, logits, valid, id, n));
         }
         true
     };
@@ -274,7 +323,10 @@ fn run_job<M: Model>(model: &M, assets: &TextAssets, job: &Job, shared: &EngineS
             if matches!(p, Piece::ToolCall(_)) {
                 *tool_calls += 1;
             }
-            let ev = JobEvent::Delta { piece: Some(p), logprobs: std::mem::take(&mut *pending_lp.borrow_mut()) };
+            let ev = JobEvent::Delta {
+                piece: Some(p),
+                logprobs: std::mem::take(&mut *pending_lp.borrow_mut()),
+            };
             sent_ok &= job.events.send(ev).is_ok();
         }
         sent_ok
@@ -296,10 +348,29 @@ fn run_job<M: Model>(model: &M, assets: &TextAssets, job: &Job, shared: &EngineS
         // A closed channel means nobody waits for the answer any more.
         send(pieces, &mut tool_calls) && !cancelled()
     };
-    let g = generate_observed(&steered, tok, &req, &mut on_token, &mut on_text)?;
+    let g = if job.logprobs.is_some() {
+        generate_observed(
+            &steered,
+            tok,
+            &req,
+            &mut |id, l| on_token(id, Some(l)),
+            &mut on_text,
+        )?
+    } else {
+        generate_tokens(
+            &steered,
+            tok,
+            &req,
+            &mut |id| on_token(id, None),
+            &mut on_text,
+        )?
+    };
     if g.finish == FinishReason::Cancelled {
         if shared.abort_all.load(Ordering::SeqCst) && !job.cancel.load(Ordering::SeqCst) {
-            let _ = job.events.send(JobEvent::Failed { message: "the server is shutting down".into(), shutdown: true });
+            let _ = job.events.send(JobEvent::Failed {
+                message: "the server is shutting down".into(),
+                shutdown: true,
+            });
             return Ok("aborted");
         }
         return Ok("cancelled");
@@ -328,11 +399,26 @@ fn run_job<M: Model>(model: &M, assets: &TextAssets, job: &Job, shared: &EngineS
 /// Log-softmax of the model's logits (real tokens only) at `id`, and the `n`
 /// most likely tokens. Impossible tokens (forced steps) get -9999, as JSON has
 /// no infinity.
-pub fn token_logprob(tok: &lily_model::tokenizer::Tokenizer, logits: &[f32], valid: usize, id: u32, n: usize) -> TokenLogprob {
+pub fn token_logprob(
+    tok: &lily_model::tokenizer::Tokenizer,
+    logits: &[f32],
+    valid: usize,
+    id: u32,
+    n: usize,
+) -> TokenLogprob {
     let l = &logits[..valid.min(logits.len())];
-    let m = l.iter().copied().filter(|x| !x.is_nan()).fold(f32::NEG_INFINITY, f32::max);
+    let m = l
+        .iter()
+        .copied()
+        .filter(|x| !x.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max);
     let lse = if m.is_finite() {
-        m as f64 + l.iter().filter(|x| !x.is_nan()).map(|&x| ((x - m) as f64).exp()).sum::<f64>().ln()
+        m as f64
+            + l.iter()
+                .filter(|x| !x.is_nan())
+                .map(|&x| ((x - m) as f64).exp())
+                .sum::<f64>()
+                .ln()
     } else {
         0.0
     };
@@ -347,17 +433,26 @@ pub fn token_logprob(tok: &lily_model::tokenizer::Tokenizer, logits: &[f32], val
     let text = |t: u32| tok.decode(&[t], false).unwrap_or_default();
     let mut top = Vec::new();
     if n > 0 {
-        let mut idx: Vec<u32> = (0..l.len() as u32).filter(|&i| !l[i as usize].is_nan()).collect();
+        let mut idx: Vec<u32> = (0..l.len() as u32)
+            .filter(|&i| !l[i as usize].is_nan())
+            .collect();
         let by = |a: &u32, b: &u32| l[*b as usize].total_cmp(&l[*a as usize]).then(a.cmp(b));
         if n < idx.len() {
             idx.select_nth_unstable_by(n - 1, by);
             idx.truncate(n);
         }
         idx.sort_unstable_by(by);
-        top = idx.into_iter().map(|i| (text(i), lp(l[i as usize]))).collect();
+        top = idx
+            .into_iter()
+            .map(|i| (text(i), lp(l[i as usize])))
+            .collect();
     }
     let x = l.get(id as usize).copied().unwrap_or(f32::NEG_INFINITY);
-    TokenLogprob { token: text(id), logprob: lp(x), top }
+    TokenLogprob {
+        token: text(id),
+        logprob: lp(x),
+        top,
+    }
 }
 
 /// Keeps the worker's thread handle and waits for it at the end.

@@ -16,26 +16,55 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, kind: &'static str, code: Option<&'static str>, message: impl Into<String>) -> ApiError {
-        ApiError { status, message: message.into(), kind, param: None, code, retry_after: None }
+    fn new(
+        status: StatusCode,
+        kind: &'static str,
+        code: Option<&'static str>,
+        message: impl Into<String>,
+    ) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code,
+            retry_after: None,
+        }
     }
 
     /// 400: a request the server cannot take as it is.
     pub fn bad_request(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", None, message)
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            None,
+            message,
+        )
     }
 
     /// 400 about one parameter.
     pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> ApiError {
-        ApiError::bad_request(message).param(param).code("invalid_value")
+        ApiError::bad_request(message)
+            .param(param)
+            .code("invalid_value")
     }
 
     pub fn unauthorized(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::UNAUTHORIZED, "invalid_request_error", Some("invalid_api_key"), message)
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            Some("invalid_api_key"),
+            message,
+        )
     }
 
     pub fn not_found(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", Some("not_found"), message)
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            Some("not_found"),
+            message,
+        )
     }
 
     pub fn model_not_found(model: &str) -> ApiError {
@@ -49,7 +78,12 @@ impl ApiError {
     }
 
     pub fn method_not_allowed() -> ApiError {
-        ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", Some("method_not_allowed"), "Method not allowed")
+        ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            Some("method_not_allowed"),
+            "Method not allowed",
+        )
     }
 
     pub fn too_large(limit: usize) -> ApiError {
@@ -66,7 +100,9 @@ impl ApiError {
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limit_error",
             Some("queue_full"),
-            format!("The server is busy: its queue of {capacity} waiting requests is full; retry later"),
+            format!(
+                "The server is busy: its queue of {capacity} waiting requests is full; retry later"
+            ),
         );
         e.retry_after = Some(1);
         e
@@ -84,7 +120,12 @@ impl ApiError {
     }
 
     pub fn internal(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", Some("internal_error"), message)
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            Some("internal_error"),
+            message,
+        )
     }
 
     pub fn param(mut self, p: impl Into<String>) -> ApiError {
@@ -106,7 +147,8 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut r = (self.status, axum::Json(self.body())).into_response();
         if let Some(s) = self.retry_after {
-            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
         r
     }

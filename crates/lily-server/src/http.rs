@@ -24,8 +24,12 @@ use serde_json::{json, Map, Value};
 use subtle::ConstantTimeEq;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-use crate::api::{parse_chat, parse_completion, ChatRequest, Common, CompletionRequest, Prompt, ToolChoice};
-use crate::engine::{CancelGuard, EngineShared, Job, JobEvent, OutputMode, Outcome, Piece, PushError, TokenLogprob};
+use crate::api::{
+    parse_chat, parse_completion, ChatRequest, Common, CompletionRequest, Prompt, ToolChoice,
+};
+use crate::engine::{
+    CancelGuard, EngineShared, Job, JobEvent, Outcome, OutputMode, Piece, PushError, TokenLogprob,
+};
 use crate::error::ApiError;
 use crate::steer::Steering;
 use crate::ServerConfig;
@@ -46,7 +50,15 @@ impl App {
     pub fn new(cfg: ServerConfig, assets: Arc<TextAssets>, engine: Arc<EngineShared>) -> App {
         let think_end = assets.tokenizer.token_id("</think>");
         let tool_call_open = assets.tokenizer.token_id("<tool_call>");
-        App { cfg, assets, engine, shutting_down: AtomicBool::new(false), created: unix_now(), think_end, tool_call_open }
+        App {
+            cfg,
+            assets,
+            engine,
+            shutting_down: AtomicBool::new(false),
+            created: unix_now(),
+            think_end,
+            tool_call_open,
+        }
     }
 
     fn check_open(&self) -> Result<(), ApiError> {
@@ -58,13 +70,23 @@ impl App {
 
     fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
         match model {
-            Some(m) if m != self.cfg.served_model_name && !self.cfg.model_aliases.iter().any(|a| a == m) => Err(ApiError::model_not_found(m)),
+            Some(m)
+                if m != self.cfg.served_model_name
+                    && !self.cfg.model_aliases.iter().any(|a| a == m) =>
+            {
+                Err(ApiError::model_not_found(m))
+            }
             _ => Ok(()),
         }
     }
 
     /// Tokens to generate at most, after checking the prompt fits `--max-seq`.
-    fn budget(&self, prompt_tokens: usize, max_tokens: Option<usize>, param: &str) -> Result<usize, ApiError> {
+    fn budget(
+        &self,
+        prompt_tokens: usize,
+        max_tokens: Option<usize>,
+        param: &str,
+    ) -> Result<usize, ApiError> {
         let max = self.cfg.max_seq;
         if prompt_tokens >= max {
             return Err(ApiError::invalid(
@@ -92,7 +114,10 @@ impl App {
     }
 
     fn encode(&self, text: &str) -> Result<Vec<u32>, ApiError> {
-        self.assets.tokenizer.encode(text).map_err(|e| ApiError::bad_request(format!("{e:#}")))
+        self.assets
+            .tokenizer
+            .encode(text)
+            .map_err(|e| ApiError::bad_request(format!("{e:#}")))
     }
 
     fn steering(&self, common: &Common, in_reasoning: bool) -> Result<Steering, ApiError> {
@@ -105,7 +130,10 @@ impl App {
         };
         let n = self.assets.tokenizer.len();
         if let Some(&(bad, _)) = common.logit_bias.iter().find(|(t, _)| *t as usize >= n) {
-            return Err(ApiError::invalid(format!("logit_bias.{bad}"), format!("token id {bad} is outside the vocabulary (0..{n})")));
+            return Err(ApiError::invalid(
+                format!("logit_bias.{bad}"),
+                format!("token id {bad} is outside the vocabulary (0..{n})"),
+            ));
         }
         s.bias = common.logit_bias.clone();
         if self.cfg.test_hooks {
@@ -154,12 +182,18 @@ pub fn router(app: AppState) -> Router {
 /// Counts every answer by route and status, and turns a panic in a handler
 /// into a 500 (the server goes on).
 async fn track(State(app): State<AppState>, req: Request, next: Next) -> Response {
-    let route = req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_string()).unwrap_or_else(|| "unmatched".to_string());
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".to_string());
     let resp = match AssertUnwindSafe(next.run(req)).catch_unwind().await {
         Ok(r) => r,
         Err(_) => ApiError::internal("internal error while handling the request").into_response(),
     };
-    app.engine.metrics.http_request(&route, resp.status().as_u16());
+    app.engine
+        .metrics
+        .http_request(&route, resp.status().as_u16());
     resp
 }
 
@@ -170,10 +204,17 @@ async fn auth(State(app): State<AppState>, req: Request, next: Next) -> Response
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|s| s.get(..7).filter(|p| p.eq_ignore_ascii_case("bearer ")).map(|_| s[7..].trim()));
+            .and_then(|s| {
+                s.get(..7)
+                    .filter(|p| p.eq_ignore_ascii_case("bearer "))
+                    .map(|_| s[7..].trim())
+            });
         match given {
             None => {
-                return ApiError::unauthorized("Missing API key: send it as the header `Authorization: Bearer KEY`").into_response();
+                return ApiError::unauthorized(
+                    "Missing API key: send it as the header `Authorization: Bearer KEY`",
+                )
+                .into_response();
             }
             Some(g) if !key_matches(g.as_bytes(), key.as_bytes()) => {
                 return ApiError::unauthorized("Incorrect API key provided").into_response();
@@ -196,14 +237,28 @@ pub fn key_matches(given: &[u8], key: &[u8]) -> bool {
 
 async fn health(State(app): State<AppState>) -> Response {
     if app.shutting_down.load(Ordering::SeqCst) {
-        return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({"status": "shutting_down"}))).into_response();
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"status": "shutting_down"})),
+        )
+            .into_response();
     }
     axum::Json(json!({"status": "ok"})).into_response()
 }
 
 async fn metrics(State(app): State<AppState>) -> Response {
-    let text = app.engine.metrics.render(app.engine.queue.len(), app.engine.queue.capacity());
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+    let text = app
+        .engine
+        .metrics
+        .render(app.engine.queue.len(), app.engine.queue.capacity());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
 }
 
 fn model_object(app: &App) -> Value {
@@ -233,7 +288,11 @@ async fn model(State(app): State<AppState>, Path(id): Path<String>) -> Response 
 /// goes out: closing a connection with unread data resets it, and the client
 /// would see a broken pipe instead of the answer.
 async fn read_json(req: Request, limit: usize) -> Result<Value, ApiError> {
-    let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|s| s.parse::<u64>().ok());
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.parse::<u64>().ok());
     let drain_cap = limit.saturating_mul(4).max(8 << 20);
     let mut stream = req.into_body().into_data_stream();
     let too_large = |mut stream: axum::body::BodyDataStream, mut seen: usize| async move {
@@ -247,11 +306,16 @@ async fn read_json(req: Request, limit: usize) -> Result<Value, ApiError> {
         Err(ApiError::too_large(limit))
     };
     if declared.is_some_and(|n| n > limit as u64) {
-        return if declared.is_some_and(|n| n <= drain_cap as u64) { too_large(stream, 0).await } else { Err(ApiError::too_large(limit)) };
+        return if declared.is_some_and(|n| n <= drain_cap as u64) {
+            too_large(stream, 0).await
+        } else {
+            Err(ApiError::too_large(limit))
+        };
     }
     let mut buf = Vec::new();
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("could not read the request body: {e}")))?;
+        let chunk = chunk
+            .map_err(|e| ApiError::bad_request(format!("could not read the request body: {e}")))?;
         if buf.len() + chunk.len() > limit {
             let seen = buf.len() + chunk.len();
             drop(buf);
@@ -260,9 +324,15 @@ async fn read_json(req: Request, limit: usize) -> Result<Value, ApiError> {
         buf.extend_from_slice(&chunk);
     }
     if buf.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiError::bad_request("The request body is empty: expected a JSON object").code("invalid_json"));
+        return Err(
+            ApiError::bad_request("The request body is empty: expected a JSON object")
+                .code("invalid_json"),
+        );
     }
-    serde_json::from_slice(&buf).map_err(|e| ApiError::bad_request(format!("The request body is not valid JSON: {e}")).code("invalid_json"))
+    serde_json::from_slice(&buf).map_err(|e| {
+        ApiError::bad_request(format!("The request body is not valid JSON: {e}"))
+            .code("invalid_json")
+    })
 }
 
 static ID_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -274,7 +344,12 @@ fn random_id(n: usize) -> String {
     while s.len() < n {
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
         h.write_u64(ID_COUNTER.fetch_add(1, Ordering::Relaxed));
-        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos(),
+        );
         s.push_str(&format!("{:016x}", h.finish()));
     }
     s.truncate(n);
@@ -282,7 +357,10 @@ fn random_id(n: usize) -> String {
 }
 
 fn unix_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 fn usage(o: &Outcome) -> Value {
@@ -303,7 +381,11 @@ fn finish_reason(o: &Outcome) -> &'static str {
 }
 
 fn error_frame(message: &str, shutdown: bool) -> String {
-    let e = if shutdown { ApiError::shutting_down() } else { ApiError::internal(message) };
+    let e = if shutdown {
+        ApiError::shutting_down()
+    } else {
+        ApiError::internal(message)
+    };
     let mut body = e.body();
     body["error"]["message"] = message.into();
     body.to_string()
@@ -328,7 +410,10 @@ fn tool_call_json(c: &lily_engine::parse::ToolCall, index: Option<usize>) -> Val
     }
     m.insert("id".into(), format!("call_{}", random_id(24)).into());
     m.insert("type".into(), "function".into());
-    m.insert("function".into(), json!({"name": c.name, "arguments": c.arguments_json()}));
+    m.insert(
+        "function".into(),
+        json!({"name": c.name, "arguments": c.arguments_json()}),
+    );
     Value::Object(m)
 }
 
@@ -390,7 +475,10 @@ async fn chat_inner(app: AppState, req: Request) -> Result<Response, ApiError> {
         sampling: r.common.sampling(&app.assets.generation.sampling)?,
         max_tokens,
         stop: r.common.stop.clone(),
-        output: OutputMode::Chat { in_reasoning: think, tools },
+        output: OutputMode::Chat {
+            in_reasoning: think,
+            tools,
+        },
         steering,
         logprobs: r.logprobs,
         events: tx,
@@ -408,7 +496,11 @@ async fn chat_inner(app: AppState, req: Request) -> Result<Response, ApiError> {
 }
 
 fn chat_prompt(app: &App, r: &ChatRequest, think: bool) -> Result<Vec<u32>, ApiError> {
-    let opts = RenderOptions { add_generation_prompt: true, enable_thinking: think, preserve_thinking: r.preserve_thinking };
+    let opts = RenderOptions {
+        add_generation_prompt: true,
+        enable_thinking: think,
+        preserve_thinking: r.preserve_thinking,
+    };
     let tools = match r.tool_choice {
         ToolChoice::None => None,
         _ => r.tools.as_deref(),
@@ -417,7 +509,12 @@ fn chat_prompt(app: &App, r: &ChatRequest, think: bool) -> Result<Vec<u32>, ApiE
         .assets
         .template
         .render(&r.messages, tools, &opts)
-        .map_err(|e| ApiError::invalid("messages", format!("The messages could not be rendered: {e:#}")))?;
+        .map_err(|e| {
+            ApiError::invalid(
+                "messages",
+                format!("The messages could not be rendered: {e:#}"),
+            )
+        })?;
     app.encode(&text)
 }
 
@@ -429,7 +526,8 @@ async fn chat_collect(
     model: String,
     r: &ChatRequest,
 ) -> Result<Response, ApiError> {
-    let (mut reasoning, mut content, mut calls, mut lps) = (String::new(), String::new(), Vec::new(), Vec::new());
+    let (mut reasoning, mut content, mut calls, mut lps) =
+        (String::new(), String::new(), Vec::new(), Vec::new());
     let outcome = loop {
         match rx.recv().await {
             Some(JobEvent::Delta { piece, logprobs }) => {
@@ -450,8 +548,22 @@ async fn chat_collect(
     lps.extend(outcome.logprobs.iter().cloned());
     let mut message = Map::new();
     message.insert("role".into(), "assistant".into());
-    message.insert("content".into(), if content.is_empty() && !calls.is_empty() { Value::Null } else { content.into() });
-    message.insert("reasoning_content".into(), if reasoning.is_empty() { Value::Null } else { reasoning.into() });
+    message.insert(
+        "content".into(),
+        if content.is_empty() && !calls.is_empty() {
+            Value::Null
+        } else {
+            content.into()
+        },
+    );
+    message.insert(
+        "reasoning_content".into(),
+        if reasoning.is_empty() {
+            Value::Null
+        } else {
+            reasoning.into()
+        },
+    );
     if !calls.is_empty() {
         message.insert("tool_calls".into(), Value::Array(calls));
     }
@@ -513,10 +625,24 @@ impl Stream for EventStream {
     }
 }
 
-fn sse(rx: UnboundedReceiver<JobEvent>, guard: CancelGuard, first: Vec<String>, render: Render) -> Response {
-    let stream = EventStream { rx, _guard: guard, render, out: first.into(), ended: false };
-    let mut r = Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(10))).into_response();
-    r.headers_mut().insert("x-accel-buffering", HeaderValue::from_static("no"));
+fn sse(
+    rx: UnboundedReceiver<JobEvent>,
+    guard: CancelGuard,
+    first: Vec<String>,
+    render: Render,
+) -> Response {
+    let stream = EventStream {
+        rx,
+        _guard: guard,
+        render,
+        out: first.into(),
+        ended: false,
+    };
+    let mut r = Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(10)))
+        .into_response();
+    r.headers_mut()
+        .insert("x-accel-buffering", HeaderValue::from_static("no"));
     r
 }
 
@@ -548,7 +674,11 @@ fn chat_stream(
         }
         c.to_string()
     };
-    let first = vec![chunk(json!({"role": "assistant", "content": ""}), None, None)];
+    let first = vec![chunk(
+        json!({"role": "assistant", "content": ""}),
+        None,
+        None,
+    )];
     let mut n_calls = 0usize;
     let render: Render = Box::new(move |ev| match ev {
         Some(JobEvent::Delta { piece, logprobs }) => {
@@ -567,15 +697,21 @@ fn chat_stream(
         Some(JobEvent::Done(o)) => {
             let mut frames = vec![chunk(json!({}), Some(&o.logprobs), Some(finish_reason(&o)))];
             if include_usage {
-                let mut u = serde_json::from_str::<Value>(&chunk(json!({}), None, None)).unwrap_or_default();
+                let mut u = serde_json::from_str::<Value>(&chunk(json!({}), None, None))
+                    .unwrap_or_default();
                 u["choices"] = json!([]);
                 u["usage"] = usage(&o);
                 frames.push(u.to_string());
             }
             (frames, true)
         }
-        Some(JobEvent::Failed { message, shutdown }) => (vec![error_frame(&message, shutdown)], true),
-        None => (vec![error_frame("the engine dropped the request", false)], true),
+        Some(JobEvent::Failed { message, shutdown }) => {
+            (vec![error_frame(&message, shutdown)], true)
+        }
+        None => (
+            vec![error_frame("the engine dropped the request", false)],
+            true,
+        ),
     });
     sse(rx, guard, first, render)
 }
@@ -622,7 +758,10 @@ async fn completions_inner(app: AppState, req: Request) -> Result<Response, ApiE
             Prompt::Tokens(ids) => {
                 let n = app2.assets.tokenizer.len();
                 match ids.iter().find(|&&i| i as usize >= n) {
-                    Some(bad) => Err(ApiError::invalid("prompt", format!("token id {bad} is outside the vocabulary (0..{n})"))),
+                    Some(bad) => Err(ApiError::invalid(
+                        "prompt",
+                        format!("token id {bad} is outside the vocabulary (0..{n})"),
+                    )),
                     None => Ok(ids.clone()),
                 }
             }
@@ -636,7 +775,11 @@ async fn completions_inner(app: AppState, req: Request) -> Result<Response, ApiE
         return Err(ApiError::invalid("prompt", "the prompt is empty"));
     }
     // OpenAI's default for completions is 16 tokens.
-    let max_tokens = app.budget(prompt.len(), Some(r.common.max_tokens.unwrap_or(16)), "prompt")?;
+    let max_tokens = app.budget(
+        prompt.len(),
+        Some(r.common.max_tokens.unwrap_or(16)),
+        "prompt",
+    )?;
     let steering = app.steering(&r.common, false)?;
     let echo_text = if r.echo {
         match &r.prompt {
@@ -665,7 +808,9 @@ async fn completions_inner(app: AppState, req: Request) -> Result<Response, ApiE
     let created = unix_now();
     let model = app.cfg.served_model_name.clone();
     if r.common.stream {
-        return Ok(completion_stream(rx, guard, id, created, model, &r, echo_text));
+        return Ok(completion_stream(
+            rx, guard, id, created, model, &r, echo_text,
+        ));
     }
     completion_collect(rx, guard, id, created, model, &r, echo_text).await
 }
@@ -736,7 +881,11 @@ fn completion_stream(
         }
         c.to_string()
     };
-    let first = if echo.is_empty() { vec![] } else { vec![chunk(&echo, None, None)] };
+    let first = if echo.is_empty() {
+        vec![]
+    } else {
+        vec![chunk(&echo, None, None)]
+    };
     let render: Render = Box::new(move |ev| match ev {
         Some(JobEvent::Delta { piece, logprobs }) => {
             let lp = want_lp.then(|| completion_logprobs(&logprobs, &mut offset));
@@ -750,15 +899,21 @@ fn completion_stream(
             let lp = want_lp.then(|| completion_logprobs(&o.logprobs, &mut offset));
             let mut frames = vec![chunk("", lp, Some(finish_reason(&o)))];
             if include_usage {
-                let mut u = serde_json::from_str::<Value>(&chunk("", None, None)).unwrap_or_default();
+                let mut u =
+                    serde_json::from_str::<Value>(&chunk("", None, None)).unwrap_or_default();
                 u["choices"] = json!([]);
                 u["usage"] = usage(&o);
                 frames.push(u.to_string());
             }
             (frames, true)
         }
-        Some(JobEvent::Failed { message, shutdown }) => (vec![error_frame(&message, shutdown)], true),
-        None => (vec![error_frame("the engine dropped the request", false)], true),
+        Some(JobEvent::Failed { message, shutdown }) => {
+            (vec![error_frame(&message, shutdown)], true)
+        }
+        None => (
+            vec![error_frame("the engine dropped the request", false)],
+            true,
+        ),
     });
     sse(rx, guard, first, render)
 }

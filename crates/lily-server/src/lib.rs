@@ -67,22 +67,29 @@ where
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<()>>();
     let thread = {
         let (assets, shared) = (assets.clone(), shared.clone());
-        std::thread::Builder::new().name("lily-engine".into()).spawn(move || {
-            let model = match make_model() {
-                Ok(m) => m,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
-                    return;
-                }
-            };
-            let _ = ready_tx.send(Ok(()));
-            engine::worker(&model, &assets, &shared);
-        })?
+        std::thread::Builder::new()
+            .name("lily-engine".into())
+            .spawn(move || {
+                let model = match make_model() {
+                    Ok(m) => m,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok(()));
+                engine::worker(&model, &assets, &shared);
+            })?
     };
     let worker = WorkerHandle { thread };
-    ready_rx.recv().context("the engine thread ended while loading the model")??;
+    ready_rx
+        .recv()
+        .context("the engine thread ended while loading the model")??;
 
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     let app = Arc::new(http::App::new(cfg.clone(), assets, shared.clone()));
     let res = rt.block_on(run_http(app, shared.clone(), &cfg));
     shared.abort_all.store(true, Ordering::SeqCst);
@@ -94,13 +101,25 @@ where
     res
 }
 
-async fn run_http(app: Arc<http::App>, shared: Arc<EngineShared>, cfg: &ServerConfig) -> Result<()> {
+async fn run_http(
+    app: Arc<http::App>,
+    shared: Arc<EngineShared>,
+    cfg: &ServerConfig,
+) -> Result<()> {
     let listener = tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.port))
         .await
         .with_context(|| format!("binding {}:{}", cfg.host, cfg.port))?;
     let addr = listener.local_addr()?;
-    let host = if addr.is_ipv6() { format!("[{}]", addr.ip()) } else { addr.ip().to_string() };
-    eprintln!("lily serve: model {:?}, listening on http://{host}:{}", cfg.served_model_name, addr.port());
+    let host = if addr.is_ipv6() {
+        format!("[{}]", addr.ip())
+    } else {
+        addr.ip().to_string()
+    };
+    eprintln!(
+        "lily serve: model {:?}, listening on http://{host}:{}",
+        cfg.served_model_name,
+        addr.port()
+    );
 
     let (signalled_tx, signalled) = tokio::sync::watch::channel(false);
     {

@@ -22,7 +22,13 @@ struct HistInner {
 
 impl Histogram {
     pub fn new(bounds: &'static [f64]) -> Histogram {
-        Histogram { bounds, inner: Mutex::new(HistInner { counts: vec![0; bounds.len()], ..Default::default() }) }
+        Histogram {
+            bounds,
+            inner: Mutex::new(HistInner {
+                counts: vec![0; bounds.len()],
+                ..Default::default()
+            }),
+        }
     }
 
     pub fn observe(&self, d: Duration) {
@@ -53,9 +59,15 @@ impl Histogram {
     }
 }
 
-const TTFT_BUCKETS: &[f64] = &[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
-const ITL_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56];
-const E2E_BUCKETS: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0];
+const TTFT_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
+const ITL_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56,
+];
+const E2E_BUCKETS: &[f64] = &[
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
 
 pub struct Metrics {
     /// (route, status) -> count
@@ -101,7 +113,10 @@ impl Metrics {
     pub fn render(&self, queue_depth: usize, queue_capacity: usize) -> String {
         let mut out = String::new();
         let counter = |out: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+            );
         };
         let gauge = |out: &mut String, name: &str, help: &str, v: u64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
@@ -111,33 +126,84 @@ impl Metrics {
             "# HELP lily_http_requests_total HTTP requests answered, by route and status.\n# TYPE lily_http_requests_total counter"
         );
         for ((route, status), n) in self.http.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            let _ = writeln!(out, "lily_http_requests_total{{route=\"{}\",status=\"{status}\"}} {n}", escape(route));
+            let _ = writeln!(
+                out,
+                "lily_http_requests_total{{route=\"{}\",status=\"{status}\"}} {n}",
+                escape(route)
+            );
         }
         let _ = writeln!(
             out,
             "# HELP lily_requests_finished_total Generation requests that ended, by finish reason.\n# TYPE lily_requests_finished_total counter"
         );
-        for (reason, n) in self.finished.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            let _ = writeln!(out, "lily_requests_finished_total{{finish_reason=\"{reason}\"}} {n}");
+        for (reason, n) in self
+            .finished
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            let _ = writeln!(
+                out,
+                "lily_requests_finished_total{{finish_reason=\"{reason}\"}} {n}"
+            );
         }
-        counter(&mut out, "lily_prompt_tokens_total", "Prompt tokens processed.", self.prompt_tokens.load(Ordering::Relaxed));
-        counter(&mut out, "lily_generation_tokens_total", "Tokens generated.", self.generation_tokens.load(Ordering::Relaxed));
+        counter(
+            &mut out,
+            "lily_prompt_tokens_total",
+            "Prompt tokens processed.",
+            self.prompt_tokens.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "lily_generation_tokens_total",
+            "Tokens generated.",
+            self.generation_tokens.load(Ordering::Relaxed),
+        );
         counter(
             &mut out,
             "lily_requests_rejected_total",
             "Requests refused because the queue was full.",
             self.rejected.load(Ordering::Relaxed),
         );
-        gauge(&mut out, "lily_queue_depth", "Requests waiting for the engine.", queue_depth as u64);
-        gauge(&mut out, "lily_queue_capacity", "Most requests that may wait for the engine.", queue_capacity as u64);
-        gauge(&mut out, "lily_requests_running", "Requests the engine is generating for.", self.running.load(Ordering::Relaxed));
-        self.ttft.render(&mut out, "lily_time_to_first_token_seconds", "Time from a request's arrival to its first generated token.");
-        self.itl.render(&mut out, "lily_inter_token_latency_seconds", "Time between consecutive generated tokens of a request.");
-        self.e2e.render(&mut out, "lily_request_duration_seconds", "Time from a generation request's arrival to its end.");
+        gauge(
+            &mut out,
+            "lily_queue_depth",
+            "Requests waiting for the engine.",
+            queue_depth as u64,
+        );
+        gauge(
+            &mut out,
+            "lily_queue_capacity",
+            "Most requests that may wait for the engine.",
+            queue_capacity as u64,
+        );
+        gauge(
+            &mut out,
+            "lily_requests_running",
+            "Requests the engine is generating for.",
+            self.running.load(Ordering::Relaxed),
+        );
+        self.ttft.render(
+            &mut out,
+            "lily_time_to_first_token_seconds",
+            "Time from a request's arrival to its first generated token.",
+        );
+        self.itl.render(
+            &mut out,
+            "lily_inter_token_latency_seconds",
+            "Time between consecutive generated tokens of a request.",
+        );
+        self.e2e.render(
+            &mut out,
+            "lily_request_duration_seconds",
+            "Time from a generation request's arrival to its end.",
+        );
         out
     }
 }
 
 fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }

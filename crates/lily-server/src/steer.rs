@@ -16,12 +16,19 @@
 //!   cancellation behave as in a real request); only its choice is replaced.
 //!   Test-only: it exists so that client tests can drive tool calls and
 //!   reasoning end to end with a model whose weights are random.
+//!
+//! On the pick path (`Model::prefill_pick` / `decode_pick`: the backend
+//! chooses the token, on the GPU only the id comes back) a free step keeps the
+//! backend's choice and a forced step replaces it (the model still runs); a
+//! step whose logits must change (a logit bias, end-of-sequence ids banned)
+//! brings the logits to the host and samples them there.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use anyhow::Result;
 use lily_engine::generate::Model;
+use lily_engine::sampling::Sampler;
 
 #[derive(Clone, Debug, Default)]
 pub struct Steering {
@@ -46,6 +53,17 @@ pub struct Steered<'a, M: Model> {
     pub plan: &'a Steering,
 }
 
+/// A step of the pick path (see [`Model::prefill_pick`]).
+enum Pick {
+    /// The model's own choice, made where the model makes it.
+    Own,
+    /// This token; the model still runs (and takes its draw), its choice is dropped.
+    Forced(u32),
+    /// The logits must be changed first (a logit bias, banned end-of-sequence
+    /// ids, a forced id outside the real tokens): host logits and sampler.
+    Logits,
+}
+
 pub struct SteerState<S> {
     inner: S,
     generated: usize,
@@ -56,12 +74,19 @@ pub struct SteerState<S> {
 }
 
 impl<M: Model> Steered<'_, M> {
-    fn steer(&self, st: &mut SteerState<M::State>, mut logits: Vec<f32>) -> Vec<f32> {
-        let forced = match &self.plan.script {
-            Some(script) => script.get(st.generated).copied().or_else(|| self.plan.eos.first().copied()),
+    /// The token this step is forced to, if any.
+    fn forced(&self, st: &SteerState<M::State>) -> Option<u32> {
+        match &self.plan.script {
+            Some(script) => script
+                .get(st.generated)
+                .copied()
+                .or_else(|| self.plan.eos.first().copied()),
             None => st.queue.front().copied(),
-        };
-        if let Some(t) = forced {
+        }
+    }
+
+    fn steer(&self, st: &mut SteerState<M::State>, mut logits: Vec<f32>) -> Vec<f32> {
+        if let Some(t) = self.forced(st) {
             if (t as usize) < logits.len() {
                 logits.fill(f32::NEG_INFINITY);
                 logits[t as usize] = 0.0;
@@ -83,6 +108,34 @@ impl<M: Model> Steered<'_, M> {
         logits
     }
 
+    /// How this step's token can be chosen once the model has run.
+    fn pick_plan(&self, st: &SteerState<M::State>, sampler: &Sampler) -> Pick {
+        match self.forced(st) {
+            Some(t) if (t as usize) < sampler.valid_vocab() => Pick::Forced(t),
+            Some(_) => Pick::Logits,
+            None if self.plan.bias.is_empty() && !st.owed => Pick::Own,
+            None => Pick::Logits,
+        }
+    }
+
+    /// Run the model's step (`logits` or `pick`, as the plan allows) and choose.
+    fn pick(
+        &self,
+        st: &mut SteerState<M::State>,
+        sampler: &mut Sampler,
+        logits: impl FnOnce(&M, &mut M::State) -> Result<Vec<f32>>,
+        pick: impl FnOnce(&M, &mut M::State, &mut Sampler) -> Result<u32>,
+    ) -> Result<u32> {
+        match self.pick_plan(st, sampler) {
+            Pick::Own => pick(self.inner, &mut st.inner, sampler),
+            Pick::Forced(t) => pick(self.inner, &mut st.inner, sampler).map(|_| t),
+            Pick::Logits => {
+                let l = logits(self.inner, &mut st.inner)?;
+                Ok(sampler.sample(&self.steer(st, l)))
+            }
+        }
+    }
+
     fn start_answer(&self, st: &mut SteerState<M::State>) {
         if st.owed {
             if let Some(p) = &self.plan.answer_prefix {
@@ -91,36 +144,15 @@ impl<M: Model> Steered<'_, M> {
             st.owed = false;
         }
     }
-}
 
-impl<M: Model> Model for Steered<'_, M> {
-    type State = SteerState<M::State>;
-
-    fn new_state(&self) -> Self::State {
-        SteerState {
-            inner: self.inner.new_state(),
-            generated: 0,
-            in_reasoning: self.plan.in_reasoning,
-            owed: self.plan.answer_prefix.is_some(),
-            queue: VecDeque::new(),
-        }
-    }
-
-    fn prefill(&self, tokens: &[u32], st: &mut Self::State) -> Result<Vec<f32>> {
+    fn wait(&self) {
         if !self.plan.delay.is_zero() {
             std::thread::sleep(self.plan.delay);
         }
-        let logits = self.inner.prefill(tokens, &mut st.inner)?;
-        if !st.in_reasoning {
-            self.start_answer(st);
-        }
-        Ok(self.steer(st, logits))
     }
 
-    fn decode(&self, token: u32, st: &mut Self::State) -> Result<Vec<f32>> {
-        if !self.plan.delay.is_zero() {
-            std::thread::sleep(self.plan.delay);
-        }
+    /// What feeding `token` changes in the plan (before the model runs).
+    fn advance(&self, token: u32, st: &mut SteerState<M::State>) {
         st.generated += 1;
         if st.queue.front() == Some(&token) {
             st.queue.pop_front();
@@ -132,11 +164,71 @@ impl<M: Model> Model for Steered<'_, M> {
             st.in_reasoning = false;
             self.start_answer(st);
         }
+    }
+}
+
+impl<M: Model> Model for Steered<'_, M> {
+    type State = SteerState<M::State>;
+
+    fn new_state(&self) -> Result<Self::State> {
+        Ok(SteerState {
+            inner: self.inner.new_state()?,
+            generated: 0,
+            in_reasoning: self.plan.in_reasoning,
+            owed: self.plan.answer_prefix.is_some(),
+            queue: VecDeque::new(),
+        })
+    }
+
+    fn prefill(&self, tokens: &[u32], st: &mut Self::State) -> Result<Vec<f32>> {
+        self.wait();
+        let logits = self.inner.prefill(tokens, &mut st.inner)?;
+        if !st.in_reasoning {
+            self.start_answer(st);
+        }
+        Ok(self.steer(st, logits))
+    }
+
+    fn decode(&self, token: u32, st: &mut Self::State) -> Result<Vec<f32>> {
+        self.wait();
+        self.advance(token, st);
         let logits = self.inner.decode(token, &mut st.inner)?;
         Ok(self.steer(st, logits))
     }
 
     fn position(&self, st: &Self::State) -> usize {
         self.inner.position(&st.inner)
+    }
+
+    /// A free step (no bias, nothing banned) is the inner model's own choice,
+    /// made where it makes it (on the GPU); a forced step still runs the model
+    /// (and takes the draw a sampled step takes) and replaces its choice.
+    fn prefill_pick(
+        &self,
+        tokens: &[u32],
+        st: &mut Self::State,
+        sampler: &mut Sampler,
+    ) -> Result<u32> {
+        self.wait();
+        if !st.in_reasoning {
+            self.start_answer(st);
+        }
+        self.pick(
+            st,
+            sampler,
+            |inner, s| inner.prefill(tokens, s),
+            |inner, s, sampler| inner.prefill_pick(tokens, s, sampler),
+        )
+    }
+
+    fn decode_pick(&self, token: u32, st: &mut Self::State, sampler: &mut Sampler) -> Result<u32> {
+        self.wait();
+        self.advance(token, st);
+        self.pick(
+            st,
+            sampler,
+            |inner, s| inner.decode(token, s),
+            |inner, s, sampler| inner.decode_pick(token, s, sampler),
+        )
     }
 }

@@ -39,7 +39,10 @@ fn chat_accepts_the_openai_fields_and_ignores_unknown_ones() {
     assert_eq!(r.messages[0]["role"], "system");
     assert_eq!(r.messages[1]["content"][1]["text"], "b");
     assert_eq!(r.messages[2]["reasoning_content"], "thought");
-    assert_eq!(r.messages[2]["tool_calls"][0]["function"]["arguments"], json!({"x": 1}));
+    assert_eq!(
+        r.messages[2]["tool_calls"][0]["function"]["arguments"],
+        json!({"x": 1})
+    );
     assert_eq!(r.messages[3]["tool_call_id"], "call_1");
     assert_eq!(r.tool_choice, ToolChoice::Named("f".into()));
     assert_eq!(r.common.max_tokens, Some(7));
@@ -54,9 +57,14 @@ fn chat_accepts_the_openai_fields_and_ignores_unknown_ones() {
     assert_eq!(r.common.stop, vec!["a", "b"]);
     assert!(r.common.stream && r.common.include_usage);
     assert_eq!(r.logprobs, Some(4));
-    assert_eq!((r.enable_thinking, r.preserve_thinking), (Some(false), true));
+    assert_eq!(
+        (r.enable_thinking, r.preserve_thinking),
+        (Some(false), true)
+    );
     // null means absent
-    let r = parse_chat(&json!({"messages": user(), "temperature": null, "stop": null, "tools": null})).unwrap();
+    let r =
+        parse_chat(&json!({"messages": user(), "temperature": null, "stop": null, "tools": null}))
+            .unwrap();
     assert_eq!(r.common.temperature, None);
     assert!(r.tools.is_none());
 }
@@ -69,43 +77,115 @@ fn chat_rejects_bad_values_naming_the_parameter() {
         (json!({"messages": []}), "messages"),
         (json!({"messages": "hi"}), "messages"),
         (json!({"messages": [{"content": "x"}]}), "messages[0].role"),
-        (json!({"messages": [{"role": "robot", "content": "x"}]}), "messages[0].role"),
-        (json!({"messages": [{"role": "user", "content": 5}]}), "messages[0].content"),
-        (json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}), "messages[0].content[0].type"),
-        (json!({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "not json"}}]}]}), "messages[0].tool_calls[0].function.arguments"),
+        (
+            json!({"messages": [{"role": "robot", "content": "x"}]}),
+            "messages[0].role",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": 5}]}),
+            "messages[0].content",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}),
+            "messages[0].content[0].type",
+        ),
+        (
+            json!({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "not json"}}]}]}),
+            "messages[0].tool_calls[0].function.arguments",
+        ),
         (json!({"messages": user(), "n": 2}), "n"),
         (json!({"messages": user(), "n": "1"}), "n"),
         (json!({"messages": user(), "max_tokens": 0}), "max_tokens"),
         (json!({"messages": user(), "max_tokens": 1.5}), "max_tokens"),
-        (json!({"messages": user(), "max_tokens": 1e300}), "max_tokens"),
-        (json!({"messages": user(), "max_completion_tokens": "5"}), "max_completion_tokens"),
-        (json!({"messages": user(), "temperature": "hot"}), "temperature"),
-        (json!({"messages": user(), "temperature": -1}), "temperature"),
+        (
+            json!({"messages": user(), "max_tokens": 1e300}),
+            "max_tokens",
+        ),
+        (
+            json!({"messages": user(), "max_completion_tokens": "5"}),
+            "max_completion_tokens",
+        ),
+        (
+            json!({"messages": user(), "temperature": "hot"}),
+            "temperature",
+        ),
+        (
+            json!({"messages": user(), "temperature": -1}),
+            "temperature",
+        ),
         (json!({"messages": user(), "top_p": 0}), "top_p"),
         (json!({"messages": user(), "top_k": -2}), "top_k"),
         (json!({"messages": user(), "min_p": 2}), "min_p"),
-        (json!({"messages": user(), "presence_penalty": 3}), "presence_penalty"),
-        (json!({"messages": user(), "frequency_penalty": [1]}), "frequency_penalty"),
-        (json!({"messages": user(), "repetition_penalty": 0}), "repetition_penalty"),
+        (
+            json!({"messages": user(), "presence_penalty": 3}),
+            "presence_penalty",
+        ),
+        (
+            json!({"messages": user(), "frequency_penalty": [1]}),
+            "frequency_penalty",
+        ),
+        (
+            json!({"messages": user(), "repetition_penalty": 0}),
+            "repetition_penalty",
+        ),
         (json!({"messages": user(), "seed": "x"}), "seed"),
         (json!({"messages": user(), "stop": 5}), "stop"),
         (json!({"messages": user(), "stop": ["a", 1]}), "stop[1]"),
-        (json!({"messages": user(), "stop": "x".repeat(1025)}), "stop"),
+        (
+            json!({"messages": user(), "stop": "x".repeat(1025)}),
+            "stop",
+        ),
         (json!({"messages": user(), "stream": "yes"}), "stream"),
-        (json!({"messages": user(), "stream_options": {"include_usage": 1}}), "stream_options.include_usage"),
-        (json!({"messages": user(), "top_logprobs": 3}), "top_logprobs"),
-        (json!({"messages": user(), "logprobs": true, "top_logprobs": 21}), "top_logprobs"),
-        (json!({"messages": user(), "tool_choice": "required"}), "tool_choice"),
-        (json!({"messages": user(), "tool_choice": "sometimes", "tools": [{"type": "function", "function": {"name": "f"}}]}), "tool_choice"),
-        (json!({"messages": user(), "tool_choice": {"type": "function", "function": {"name": "g"}}, "tools": [{"type": "function", "function": {"name": "f"}}]}), "tool_choice"),
-        (json!({"messages": user(), "tools": [{"type": "retrieval"}]}), "tools[0].type"),
-        (json!({"messages": user(), "tools": [{"type": "function", "function": {"name": "has space"}}]}), "tools[0].function.name"),
+        (
+            json!({"messages": user(), "stream_options": {"include_usage": 1}}),
+            "stream_options.include_usage",
+        ),
+        (
+            json!({"messages": user(), "top_logprobs": 3}),
+            "top_logprobs",
+        ),
+        (
+            json!({"messages": user(), "logprobs": true, "top_logprobs": 21}),
+            "top_logprobs",
+        ),
+        (
+            json!({"messages": user(), "tool_choice": "required"}),
+            "tool_choice",
+        ),
+        (
+            json!({"messages": user(), "tool_choice": "sometimes", "tools": [{"type": "function", "function": {"name": "f"}}]}),
+            "tool_choice",
+        ),
+        (
+            json!({"messages": user(), "tool_choice": {"type": "function", "function": {"name": "g"}}, "tools": [{"type": "function", "function": {"name": "f"}}]}),
+            "tool_choice",
+        ),
+        (
+            json!({"messages": user(), "tools": [{"type": "retrieval"}]}),
+            "tools[0].type",
+        ),
+        (
+            json!({"messages": user(), "tools": [{"type": "function", "function": {"name": "has space"}}]}),
+            "tools[0].function.name",
+        ),
         (json!({"messages": user(), "tools": {"a": 1}}), "tools"),
-        (json!({"messages": user(), "chat_template_kwargs": {"enable_thinking": "no"}}), "chat_template_kwargs.enable_thinking"),
-        (json!({"messages": user(), "response_format": {"type": "json_schema"}}), "response_format.type"),
+        (
+            json!({"messages": user(), "chat_template_kwargs": {"enable_thinking": "no"}}),
+            "chat_template_kwargs.enable_thinking",
+        ),
+        (
+            json!({"messages": user(), "response_format": {"type": "json_schema"}}),
+            "response_format.type",
+        ),
         (json!({"messages": user(), "model": 3}), "model"),
-        (json!({"messages": user(), "logit_bias": {"abc": 1}}), "logit_bias.abc"),
-        (json!({"messages": user(), "logit_bias": {"5": 200}}), "logit_bias.5"),
+        (
+            json!({"messages": user(), "logit_bias": {"abc": 1}}),
+            "logit_bias.abc",
+        ),
+        (
+            json!({"messages": user(), "logit_bias": {"5": 200}}),
+            "logit_bias.5",
+        ),
         (json!({"messages": user(), "logit_bias": [1]}), "logit_bias"),
     ];
     for (body, param) in cases {
@@ -126,14 +206,29 @@ fn completion_prompts() {
     assert_eq!(p(json!(["abc"])).unwrap(), Prompt::Text("abc".into()));
     assert_eq!(p(json!([1, 2, 3])).unwrap(), Prompt::Tokens(vec![1, 2, 3]));
     assert_eq!(p(json!([[4, 5]])).unwrap(), Prompt::Tokens(vec![4, 5]));
-    for bad in [json!(["a", "b"]), json!([[1], [2]]), json!([]), json!([-1]), json!([1.5]), json!(5), json!({"a": 1}), json!([4294967296u64])] {
+    for bad in [
+        json!(["a", "b"]),
+        json!([[1], [2]]),
+        json!([]),
+        json!([-1]),
+        json!([1.5]),
+        json!(5),
+        json!({"a": 1}),
+        json!([4294967296u64]),
+    ] {
         let e = p(bad.clone()).expect_err(&bad.to_string());
-        assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some("prompt")), "{bad}");
+        assert_eq!(
+            (e.status.as_u16(), e.param.as_deref()),
+            (400, Some("prompt")),
+            "{bad}"
+        );
     }
     assert!(parse_completion(&json!({})).is_err());
     assert!(parse_completion(&json!({"prompt": "x", "best_of": 2})).is_err());
     assert!(parse_completion(&json!({"prompt": "x", "suffix": "y"})).is_err());
     assert!(parse_completion(&json!({"prompt": "x", "echo": true, "logprobs": 2})).is_err());
-    let r = parse_completion(&json!({"prompt": "x", "logprobs": 2, "echo": false, "max_tokens": 3})).unwrap();
+    let r =
+        parse_completion(&json!({"prompt": "x", "logprobs": 2, "echo": false, "max_tokens": 3}))
+            .unwrap();
     assert_eq!((r.logprobs, r.common.max_tokens), (Some(2), Some(3)));
 }

@@ -1,7 +1,7 @@
 //! The engine side of the server without HTTP: the worker on a scripted model
 //! (events split into reasoning / content / tool calls, log-probabilities,
-//! cancellation, failures), the job queue, steering for `tool_choice`, and the
-//! API key comparison.
+//! cancellation, failures), the job queue, steering for `tool_choice`, which
+//! steps a backend may choose on the device, and the API key comparison.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -10,10 +10,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use lily_engine::assets::TextAssets;
 use lily_engine::generate::{generate, FinishReason, GenerateRequest, Model};
-use lily_engine::sampling::{GenerationConfig, SamplingParams};
+use lily_engine::sampling::{GenerationConfig, Sampler, SamplingParams};
 use lily_model::chat_template::ChatTemplate;
 use lily_model::tokenizer::Tokenizer;
-use lily_server::engine::{worker, CancelGuard, EngineShared, Job, JobEvent, JobQueue, OutputMode, Piece, PushError};
+use lily_server::engine::{
+    worker, CancelGuard, EngineShared, Job, JobEvent, JobQueue, OutputMode, Piece, PushError,
+};
 use lily_server::http::key_matches;
 use lily_server::metrics::Metrics;
 use lily_server::steer::{Steered, Steering};
@@ -31,8 +33,8 @@ struct Scripted {
 
 impl Model for Scripted {
     type State = (usize, usize);
-    fn new_state(&self) -> (usize, usize) {
-        (0, 0)
+    fn new_state(&self) -> Result<(usize, usize)> {
+        Ok((0, 0))
     }
     fn prefill(&self, tokens: &[u32], st: &mut (usize, usize)) -> Result<Vec<f32>> {
         *st = (tokens.len(), tokens.len());
@@ -65,14 +67,29 @@ impl Scripted {
 }
 
 fn assets() -> TextAssets {
-    TextAssets { tokenizer: Tokenizer::builtin(), template: ChatTemplate::builtin(), generation: GenerationConfig::qwen_default() }
+    TextAssets {
+        tokenizer: Tokenizer::builtin(),
+        template: ChatTemplate::builtin(),
+        generation: GenerationConfig::qwen_default(),
+    }
 }
 
 fn shared(cap: usize) -> Arc<EngineShared> {
-    Arc::new(EngineShared { queue: JobQueue::new(cap), metrics: Metrics::default(), abort_all: AtomicBool::new(false) })
+    Arc::new(EngineShared {
+        queue: JobQueue::new(cap),
+        metrics: Metrics::default(),
+        abort_all: AtomicBool::new(false),
+    })
 }
 
-fn job(output: OutputMode, max_tokens: usize) -> (Job, tokio::sync::mpsc::UnboundedReceiver<JobEvent>, CancelGuard) {
+fn job(
+    output: OutputMode,
+    max_tokens: usize,
+) -> (
+    Job,
+    tokio::sync::mpsc::UnboundedReceiver<JobEvent>,
+    CancelGuard,
+) {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let guard = CancelGuard(Arc::new(AtomicBool::new(false)));
     let j = Job {
@@ -81,7 +98,10 @@ fn job(output: OutputMode, max_tokens: usize) -> (Job, tokio::sync::mpsc::Unboun
         max_tokens,
         stop: vec![],
         output,
-        steering: Steering { eos: vec![IM_END], ..Default::default() },
+        steering: Steering {
+            eos: vec![IM_END],
+            ..Default::default()
+        },
         logprobs: None,
         events: tx,
         cancel: guard.0.clone(),
@@ -91,7 +111,7 @@ fn job(output: OutputMode, max_tokens: usize) -> (Job, tokio::sync::mpsc::Unboun
 }
 
 /// Runs the worker over the given jobs (the queue is closed first, so it ends).
-fn run(model: &Scripted, sh: &Arc<EngineShared>, jobs: Vec<Job>) {
+fn run<M: Model>(model: &M, sh: &Arc<EngineShared>, jobs: Vec<Job>) {
     for j in jobs {
         sh.queue.push(j).unwrap();
     }
@@ -132,10 +152,21 @@ fn script(text: &str, eos: bool) -> Vec<u32> {
 #[test]
 fn chat_output_is_split_into_reasoning_content_and_tool_calls() {
     let text = "Think first.\n</think>\n\nCalling.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
-    let model = Scripted { script: script(text, true), fail_at: None };
-    let tools = vec![json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}})];
+    let model = Scripted {
+        script: script(text, true),
+        fail_at: None,
+    };
+    let tools = vec![
+        json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}),
+    ];
     let sh = shared(4);
-    let (mut j, mut rx, _g) = job(OutputMode::Chat { in_reasoning: true, tools: Some(tools) }, 200);
+    let (mut j, mut rx, _g) = job(
+        OutputMode::Chat {
+            in_reasoning: true,
+            tools: Some(tools),
+        },
+        200,
+    );
     j.logprobs = Some(2);
     run(&model, &sh, vec![j]);
     let evs = drain(&mut rx);
@@ -143,11 +174,18 @@ fn chat_output_is_split_into_reasoning_content_and_tool_calls() {
     assert_eq!(p.len(), 3, "{p:?}");
     assert_eq!(p[0], Piece::Reasoning("Think first.".into()));
     assert_eq!(p[1], Piece::Content("Calling.\n".into()));
-    let Piece::ToolCall(c) = &p[2] else { panic!("{p:?}") };
+    let Piece::ToolCall(c) = &p[2] else {
+        panic!("{p:?}")
+    };
     assert_eq!(c.name, "get_weather");
     assert_eq!(c.arguments_json(), r#"{"city":"Paris","days":3}"#);
-    let Some(JobEvent::Done(o)) = evs.last() else { panic!("no Done: {evs:?}") };
-    assert_eq!((o.finish, o.tool_calls, o.prompt_tokens), (FinishReason::Stop, 1, 3));
+    let Some(JobEvent::Done(o)) = evs.last() else {
+        panic!("no Done: {evs:?}")
+    };
+    assert_eq!(
+        (o.finish, o.tool_calls, o.prompt_tokens),
+        (FinishReason::Stop, 1, 3)
+    );
     assert_eq!(o.completion_tokens, script(text, false).len());
     // One log-probability per generated token, across the events.
     let n_lp: usize = evs
@@ -159,25 +197,36 @@ fn chat_output_is_split_into_reasoning_content_and_tool_calls() {
         })
         .sum();
     assert_eq!(n_lp, o.completion_tokens);
-    assert_eq!(sh.metrics.generation_tokens.load(Ordering::Relaxed) as usize, o.completion_tokens);
+    assert_eq!(
+        sh.metrics.generation_tokens.load(Ordering::Relaxed) as usize,
+        o.completion_tokens
+    );
     assert_eq!(sh.metrics.ttft.count(), 1);
 }
 
 #[test]
 fn raw_output_and_token_limit() {
-    let model = Scripted { script: script("one two three four five six seven", false), fail_at: None };
+    let model = Scripted {
+        script: script("one two three four five six seven", false),
+        fail_at: None,
+    };
     let sh = shared(4);
     let (j, mut rx, _g) = job(OutputMode::Raw, 3);
     run(&model, &sh, vec![j]);
     let evs = drain(&mut rx);
     assert_eq!(pieces(&evs), vec![Piece::Content("one two three".into())]);
-    let Some(JobEvent::Done(o)) = evs.last() else { panic!() };
+    let Some(JobEvent::Done(o)) = evs.last() else {
+        panic!()
+    };
     assert_eq!((o.finish, o.completion_tokens), (FinishReason::Length, 3));
 }
 
 #[test]
 fn a_cancelled_job_stops_and_the_next_one_runs() {
-    let model = Scripted { script: script("a b c d e f g h i j k l m n o p", false), fail_at: None };
+    let model = Scripted {
+        script: script("a b c d e f g h i j k l m n o p", false),
+        fail_at: None,
+    };
     let sh = shared(4);
     let (j1, mut rx1, g1) = job(OutputMode::Raw, 1000);
     let (j2, mut rx2, _g2) = job(OutputMode::Raw, 2);
@@ -187,22 +236,38 @@ fn a_cancelled_job_stops_and_the_next_one_runs() {
     run(&model, &sh, vec![j1, j2, j3]);
     assert!(drain(&mut rx1).is_empty());
     assert!(matches!(drain(&mut rx2).last(), Some(JobEvent::Done(_))));
-    assert!(sh.metrics.render(0, 4).contains("lily_requests_finished_total{finish_reason=\"cancelled\"} 2"));
+    assert!(sh
+        .metrics
+        .render(0, 4)
+        .contains("lily_requests_finished_total{finish_reason=\"cancelled\"} 2"));
     assert_eq!(sh.metrics.running.load(Ordering::SeqCst), 0);
 }
 
 #[test]
 fn engine_errors_and_panics_fail_only_their_job() {
     for panic in [false, true] {
-        let model = Scripted { script: script("x y z w", false), fail_at: Some((2, panic)) };
+        let model = Scripted {
+            script: script("x y z w", false),
+            fail_at: Some((2, panic)),
+        };
         let sh = shared(4);
         let (j1, mut rx1, _g1) = job(OutputMode::Raw, 10);
         let (j2, mut rx2, _g2) = job(OutputMode::Raw, 1);
         run(&model, &sh, vec![j1, j2]);
         let e1 = drain(&mut rx1);
         match e1.last() {
-            Some(JobEvent::Failed { message, shutdown: false }) => {
-                assert!(message.contains(if panic { "panicked" } else { "scripted failure" }), "{message}")
+            Some(JobEvent::Failed {
+                message,
+                shutdown: false,
+            }) => {
+                assert!(
+                    message.contains(if panic {
+                        "panicked"
+                    } else {
+                        "scripted failure"
+                    }),
+                    "{message}"
+                )
             }
             other => panic!("{other:?}"),
         }
@@ -213,12 +278,18 @@ fn engine_errors_and_panics_fail_only_their_job() {
 
 #[test]
 fn abort_all_fails_running_and_queued_jobs_as_shutdown() {
-    let model = Scripted { script: script("a b c d e f", false), fail_at: None };
+    let model = Scripted {
+        script: script("a b c d e f", false),
+        fail_at: None,
+    };
     let sh = shared(4);
     sh.abort_all.store(true, Ordering::SeqCst);
     let (j1, mut rx1, _g1) = job(OutputMode::Raw, 10);
     run(&model, &sh, vec![j1]);
-    assert!(matches!(drain(&mut rx1).last(), Some(JobEvent::Failed { shutdown: true, .. })));
+    assert!(matches!(
+        drain(&mut rx1).last(),
+        Some(JobEvent::Failed { shutdown: true, .. })
+    ));
 }
 
 #[test]
@@ -258,7 +329,10 @@ fn queue_pop_waits_for_a_job() {
 fn steering_forces_the_tool_call_prefix() {
     let tok = Tokenizer::builtin();
     let think_end = tok.token_id("</think>");
-    let eos_first = Scripted { script: vec![IM_END], fail_at: None };
+    let eos_first = Scripted {
+        script: vec![IM_END],
+        fail_at: None,
+    };
     let prefix = tok.encode("<tool_call>\n<function=get_weather>\n").unwrap();
     let plan = Steering {
         answer_prefix: Some(prefix.clone()),
@@ -268,8 +342,23 @@ fn steering_forces_the_tool_call_prefix() {
         eos: vec![IM_END],
         ..Default::default()
     };
-    let req = GenerateRequest { prompt: vec![1], sampling: SamplingParams::greedy(), max_tokens: 50, stop_ids: vec![IM_END], stop_strings: vec![] };
-    let g = generate(&Steered { inner: &eos_first, plan: &plan }, &tok, &req, &mut |_| true).unwrap();
+    let req = GenerateRequest {
+        prompt: vec![1],
+        sampling: SamplingParams::greedy(),
+        max_tokens: 50,
+        stop_ids: vec![IM_END],
+        stop_strings: vec![],
+    };
+    let g = generate(
+        &Steered {
+            inner: &eos_first,
+            plan: &plan,
+        },
+        &tok,
+        &req,
+        &mut |_| true,
+    )
+    .unwrap();
     assert_eq!(g.tokens, prefix);
     assert_eq!(g.finish, FinishReason::Stop);
 
@@ -277,26 +366,84 @@ fn steering_forces_the_tool_call_prefix() {
     let mut s = tok.encode("hmm").unwrap();
     s.push(think_end.unwrap());
     s.push(IM_END);
-    let thinker = Scripted { script: s.clone(), fail_at: None };
-    let plan = Steering { in_reasoning: true, answer_prefix: Some(tok.encode("\n\n<tool_call>\n<function=").unwrap()), ..plan };
-    let g = generate(&Steered { inner: &thinker, plan: &plan }, &tok, &req, &mut |_| true).unwrap();
+    let thinker = Scripted {
+        script: s.clone(),
+        fail_at: None,
+    };
+    let plan = Steering {
+        in_reasoning: true,
+        answer_prefix: Some(tok.encode("\n\n<tool_call>\n<function=").unwrap()),
+        ..plan
+    };
+    let g = generate(
+        &Steered {
+            inner: &thinker,
+            plan: &plan,
+        },
+        &tok,
+        &req,
+        &mut |_| true,
+    )
+    .unwrap();
     let text = tok.decode(&g.tokens, false).unwrap();
-    assert!(text.starts_with("hmm</think>\n\n<tool_call>\n<function="), "{text:?}");
+    assert!(
+        text.starts_with("hmm</think>\n\n<tool_call>\n<function="),
+        "{text:?}"
+    );
 
     // Without a prefix owed, the model's EOS is kept.
-    let free = Steering { eos: vec![IM_END], ..Default::default() };
-    let g = generate(&Steered { inner: &eos_first, plan: &free }, &tok, &req, &mut |_| true).unwrap();
+    let free = Steering {
+        eos: vec![IM_END],
+        ..Default::default()
+    };
+    let g = generate(
+        &Steered {
+            inner: &eos_first,
+            plan: &free,
+        },
+        &tok,
+        &req,
+        &mut |_| true,
+    )
+    .unwrap();
     assert!(g.tokens.is_empty());
 }
 
 #[test]
 fn test_script_forces_the_whole_output() {
     let tok = Tokenizer::builtin();
-    let m = Scripted { script: script("ignored model output", false), fail_at: None };
+    let m = Scripted {
+        script: script("ignored model output", false),
+        fail_at: None,
+    };
     let forced = tok.encode("exactly this").unwrap();
-    let plan = Steering { script: Some(forced.clone()), eos: vec![IM_END], ..Default::default() };
-    let req = GenerateRequest { prompt: vec![1], sampling: SamplingParams { temperature: 1.0, top_k: 5, seed: Some(1), ..SamplingParams::greedy() }, max_tokens: 50, stop_ids: vec![IM_END], stop_strings: vec![] };
-    let g = generate(&Steered { inner: &m, plan: &plan }, &tok, &req, &mut |_| true).unwrap();
+    let plan = Steering {
+        script: Some(forced.clone()),
+        eos: vec![IM_END],
+        ..Default::default()
+    };
+    let req = GenerateRequest {
+        prompt: vec![1],
+        sampling: SamplingParams {
+            temperature: 1.0,
+            top_k: 5,
+            seed: Some(1),
+            ..SamplingParams::greedy()
+        },
+        max_tokens: 50,
+        stop_ids: vec![IM_END],
+        stop_strings: vec![],
+    };
+    let g = generate(
+        &Steered {
+            inner: &m,
+            plan: &plan,
+        },
+        &tok,
+        &req,
+        &mut |_| true,
+    )
+    .unwrap();
     assert_eq!(g.text, "exactly this");
     assert_eq!(g.finish, FinishReason::Stop);
 }
@@ -310,7 +457,11 @@ fn logprobs_are_a_log_softmax() {
     logits[VOCAB - 1] = 100.0; // a padding row past the tokenizer: ignored
     let lp = lily_server::engine::token_logprob(&tok, &logits, tok.len(), 7, 3);
     let z: f64 = 3f64.exp() + 2f64.exp() + (tok.len() - 2) as f64;
-    assert!((lp.logprob as f64 - (2.0 - z.ln())).abs() < 1e-4, "{}", lp.logprob);
+    assert!(
+        (lp.logprob as f64 - (2.0 - z.ln())).abs() < 1e-4,
+        "{}",
+        lp.logprob
+    );
     assert_eq!(lp.top.len(), 3);
     assert_eq!(lp.top[0].0, tok.decode(&[5], false).unwrap());
     assert!(lp.top[0].1 > lp.top[1].1 && lp.top[1].1 >= lp.top[2].1);
@@ -329,4 +480,184 @@ fn api_key_comparison() {
     assert!(!key_matches(b"secret", b"secret-key"));
     assert!(!key_matches(b"secret-key-and-more", b"secret-key"));
     assert!(!key_matches(b"", b"secret-key"));
+}
+
+/// A backend that chooses tokens itself (as the GPU does): its logits say
+/// one thing, its own choice another, so the output shows which path ran.
+struct Chooser {
+    host: Scripted,
+    device: Vec<u32>,
+    /// (steps that returned logits, steps that returned a chosen id)
+    calls: std::cell::Cell<(usize, usize)>,
+}
+
+impl Chooser {
+    fn new(host: &str, device: &str) -> Chooser {
+        Chooser {
+            host: Scripted {
+                script: script(host, true),
+                fail_at: None,
+            },
+            device: script(device, true),
+            calls: Default::default(),
+        }
+    }
+    fn logit_step(&self) {
+        let (l, p) = self.calls.get();
+        self.calls.set((l + 1, p));
+    }
+    fn pick(&self, st: &(usize, usize)) -> u32 {
+        let (l, p) = self.calls.get();
+        self.calls.set((l, p + 1));
+        self.device[(st.1 - st.0).min(self.device.len() - 1)]
+    }
+}
+
+impl Model for Chooser {
+    type State = (usize, usize);
+    fn new_state(&self) -> Result<(usize, usize)> {
+        Ok((0, 0))
+    }
+    fn prefill(&self, tokens: &[u32], st: &mut (usize, usize)) -> Result<Vec<f32>> {
+        self.logit_step();
+        self.host.prefill(tokens, st)
+    }
+    fn decode(&self, t: u32, st: &mut (usize, usize)) -> Result<Vec<f32>> {
+        self.logit_step();
+        self.host.decode(t, st)
+    }
+    fn position(&self, st: &(usize, usize)) -> usize {
+        st.1
+    }
+    fn prefill_pick(
+        &self,
+        tokens: &[u32],
+        st: &mut (usize, usize),
+        _: &mut Sampler,
+    ) -> Result<u32> {
+        *st = (tokens.len(), tokens.len());
+        Ok(self.pick(st))
+    }
+    fn decode_pick(&self, _t: u32, st: &mut (usize, usize), _: &mut Sampler) -> Result<u32> {
+        st.1 += 1;
+        Ok(self.pick(st))
+    }
+}
+
+/// Log-probabilities need the logits: the worker then has every step bring
+/// them to the host; otherwise the backend chooses.
+#[test]
+fn the_worker_lets_the_backend_choose_unless_logprobs_are_asked_for() {
+    for logprobs in [None, Some(1)] {
+        let model = Chooser::new("from logits", "from the device");
+        let sh = shared(4);
+        let (mut j, mut rx, _g) = job(OutputMode::Raw, 50);
+        j.logprobs = logprobs;
+        run(&model, &sh, vec![j]);
+        let evs = drain(&mut rx);
+        let n = script("from logits", false).len();
+        match logprobs {
+            None => {
+                assert_eq!(pieces(&evs), vec![Piece::Content("from the device".into())]);
+                assert_eq!(
+                    model.calls.get(),
+                    (0, script("from the device", true).len())
+                );
+            }
+            Some(_) => {
+                assert_eq!(pieces(&evs), vec![Piece::Content("from logits".into())]);
+                assert_eq!(model.calls.get(), (n + 1, 0));
+                let Some(JobEvent::Done(o)) = evs.last() else {
+                    panic!("{evs:?}")
+                };
+                let lp: usize = evs
+                    .iter()
+                    .map(|e| {
+                        if let JobEvent::Delta { logprobs, .. } = e {
+                            logprobs.len()
+                        } else {
+                            0
+                        }
+                    })
+                    .sum();
+                assert_eq!(lp + o.logprobs.len(), n);
+            }
+        }
+    }
+}
+
+/// Steering keeps the device's choice on free steps, replaces it on forced
+/// ones (the model still runs), and takes the logits where it must change
+/// them (a logit bias, end-of-sequence ids banned until a call is made).
+#[test]
+fn steering_chooses_on_the_device_where_it_can() {
+    let tok = Tokenizer::builtin();
+    let req = GenerateRequest {
+        prompt: vec![1],
+        sampling: SamplingParams::greedy(),
+        max_tokens: 50,
+        stop_ids: vec![IM_END],
+        stop_strings: vec![],
+    };
+    let steered = |m: &Chooser, plan: &Steering| {
+        generate(&Steered { inner: m, plan }, &tok, &req, &mut |_| true).unwrap()
+    };
+
+    let free = Steering {
+        eos: vec![IM_END],
+        ..Default::default()
+    };
+    let m = Chooser::new("from logits", "from the device");
+    assert_eq!(steered(&m, &free).text, "from the device");
+    assert_eq!(m.calls.get().0, 0);
+
+    // the test hook forces every step: the device runs each, its choice is dropped
+    let forced = Steering {
+        script: Some(tok.encode("forced").unwrap()),
+        ..free.clone()
+    };
+    let m = Chooser::new("from logits", "from the device");
+    let g = steered(&m, &forced);
+    assert_eq!(g.text, "forced");
+    assert_eq!(m.calls.get(), (0, g.tokens.len() + 1));
+
+    // a logit bias changes the logits: every step comes to the host
+    let the = tok.encode(" the").unwrap()[0];
+    let biased = Steering {
+        bias: vec![(the, 0.5)],
+        ..free.clone()
+    };
+    let m = Chooser::new("from logits", "from the device");
+    assert_eq!(steered(&m, &biased).text, "from logits");
+    assert_eq!(m.calls.get().1, 0);
+
+    // tool_choice: EOS is banned (host logits) until the forced prefix, then free again
+    let prefix = tok.encode("<tool_call>\n<function=f>\n").unwrap();
+    let plan = Steering {
+        answer_prefix: Some(prefix.clone()),
+        tool_call_open: tok.token_id("<tool_call>"),
+        ..free.clone()
+    };
+    let m = Chooser {
+        device: [prefix.clone(), script("x y", true)].concat(),
+        ..Chooser::new("", "")
+    };
+    let g = steered(&m, &plan);
+    assert_eq!(g.text, "<tool_call>\n<function=f>\nx y");
+    assert_eq!(m.calls.get(), (0, g.tokens.len() + 1));
+    let thinking = Steering {
+        in_reasoning: true,
+        think_end: tok.token_id("</think>"),
+        ..plan
+    };
+    let m = Chooser::new("hmm</think>", "ignored");
+    let g = steered(&m, &thinking);
+    assert!(
+        g.text.starts_with("hmm</think><tool_call>\n<function=f>\n"),
+        "{:?}",
+        g.text
+    );
+    // the reasoning (EOS banned) came from the logits, the answer from the device
+    let reasoning = tok.encode("hmm</think>").unwrap().len();
+    assert_eq!(m.calls.get().0, reasoning);
 }

@@ -29,8 +29,20 @@ impl KvCache {
 }
 
 /// x [T, D] (normed) at positions pos0..pos0+T -> [T, D]; appends T rows to `cache`.
-pub fn gated_attention(x: &[f32], t: usize, pos0: usize, w: &AttentionWeights, cfg: &Config, cache: &mut KvCache, r: DType) -> Vec<f32> {
-    let (hq, hkv, dh) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+pub fn gated_attention(
+    x: &[f32],
+    t: usize,
+    pos0: usize,
+    w: &AttentionWeights,
+    cfg: &Config,
+    cache: &mut KvCache,
+    r: DType,
+) -> Vec<f32> {
+    let (hq, hkv, dh) = (
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+    );
     let gated = cfg.attn_output_gate;
     let qw = if gated { 2 * dh } else { dh };
     let mut qg = linear(x, t, &w.q_proj); // [T, Hq, Dh (+ Dh gate)]
@@ -76,7 +88,9 @@ pub fn gated_attention(x: &[f32], t: usize, pos0: usize, w: &AttentionWeights, c
         let kh = h / group;
         let qv = &q[i * dh..(i + 1) * dh];
         let n = pos0 + ti + 1; // causal: keys 0..=P
-        let mut p: Vec<f32> = (0..n).map(|j| dot(qv, &kv.k[(j * hkv + kh) * dh..(j * hkv + kh + 1) * dh])).collect();
+        let mut p: Vec<f32> = (0..n)
+            .map(|j| dot(qv, &kv.k[(j * hkv + kh) * dh..(j * hkv + kh + 1) * dh]))
+            .collect();
         round_to(r, &mut p);
         p.iter_mut().for_each(|x| *x *= scale);
         round_to(r, &mut p);

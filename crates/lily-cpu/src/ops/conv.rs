@@ -9,7 +9,15 @@ use super::silu;
 /// x [T, C] pre-conv inputs; taps [C, W] (tap W-1 is the current token);
 /// state [C, W-1], oldest first, zeros at sequence start. Returns silu(conv) [T, C]
 /// and leaves the last W-1 inputs in `state`.
-pub fn causal_conv1d_silu(x: &[f32], t: usize, c: usize, taps: &[f32], width: usize, state: &mut [f32], r: DType) -> Vec<f32> {
+pub fn causal_conv1d_silu(
+    x: &[f32],
+    t: usize,
+    c: usize,
+    taps: &[f32],
+    width: usize,
+    state: &mut [f32],
+    r: DType,
+) -> Vec<f32> {
     let hist = width - 1;
     assert_eq!(x.len(), t * c, "conv: x is not [T, C]");
     assert_eq!(taps.len(), c * width, "conv: taps are not [C, W]");

@@ -28,7 +28,10 @@ impl GdnState {
     pub fn new(cfg: &Config) -> GdnState {
         GdnState {
             conv: vec![0.0; cfg.conv_dim() * (cfg.linear_conv_kernel_dim - 1)],
-            s: vec![0.0; cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim],
+            s: vec![
+                0.0;
+                cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim
+            ],
         }
     }
 }
@@ -237,9 +240,21 @@ pub fn l2norm_rows(x: &mut [f32], n: usize, scale: f32) {
 }
 
 /// The GDN mixer: x [T, D] (normed) -> [T, D], advancing `state` by T tokens.
-pub fn gdn(x: &[f32], t: usize, w: &GdnWeights, cfg: &Config, state: &mut GdnState, r: DType, form: GdnForm) -> Vec<f32> {
-    let (hk, hv, dk, dv) =
-        (cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim);
+pub fn gdn(
+    x: &[f32],
+    t: usize,
+    w: &GdnWeights,
+    cfg: &Config,
+    state: &mut GdnState,
+    r: DType,
+    form: GdnForm,
+) -> Vec<f32> {
+    let (hk, hv, dk, dv) = (
+        cfg.linear_num_key_heads,
+        cfg.linear_num_value_heads,
+        cfg.linear_key_head_dim,
+        cfg.linear_value_head_dim,
+    );
     let c = cfg.conv_dim();
     let mut mixed = linear(x, t, &w.in_proj_qkv); // [T, C]
     round_to(r, &mut mixed);
@@ -250,7 +265,15 @@ pub fn gdn(x: &[f32], t: usize, w: &GdnWeights, cfg: &Config, state: &mut GdnSta
     let mut a = linear(x, t, &w.in_proj_a); // [T, Hv]
     round_to(r, &mut a);
 
-    let conv = causal_conv1d_silu(&mixed, t, c, &w.conv1d, cfg.linear_conv_kernel_dim, &mut state.conv, r);
+    let conv = causal_conv1d_silu(
+        &mixed,
+        t,
+        c,
+        &w.conv1d,
+        cfg.linear_conv_kernel_dim,
+        &mut state.conv,
+        r,
+    );
     let mut beta: Vec<f32> = b.iter().map(|x| sigmoid(*x)).collect();
     round_to(r, &mut beta);
     let g: Vec<f32> = a
@@ -274,7 +297,18 @@ pub fn gdn(x: &[f32], t: usize, w: &GdnWeights, cfg: &Config, state: &mut GdnSta
     }
     l2norm_rows(&mut q, dk, (dk as f32).powf(-0.5));
     l2norm_rows(&mut k, dk, 1.0);
-    let core = GdnCore { t, hk, hv, dk, dv, q: &q, k: &k, v: &v, g: &g, beta: &beta };
+    let core = GdnCore {
+        t,
+        hk,
+        hv,
+        dk,
+        dv,
+        q: &q,
+        k: &k,
+        v: &v,
+        g: &g,
+        beta: &beta,
+    };
     let mut o = core.run(&mut state.s, form);
     round_to(r, &mut o);
     let normed = gated_rmsnorm(&o, &z, &w.norm, cfg.rms_norm_eps, r);

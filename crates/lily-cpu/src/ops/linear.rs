@@ -36,20 +36,22 @@ pub fn linear(x: &[f32], t: usize, w: &Mat) -> Vec<f32> {
     let (rows, cols) = (w.rows, w.cols);
     assert_eq!(x.len(), t * cols, "linear: x is not [T={t}, {cols}]");
     let mut yt = vec![0f32; rows * t]; // [rows, T], transposed below
-    yt.par_chunks_mut(ROWS * t).enumerate().for_each(|(blk, out)| {
-        let r0 = blk * ROWS;
-        let n = out.len() / t;
-        let mut wb = vec![0f32; n * cols];
-        for i in 0..n {
-            w.row_f32(r0 + i, &mut wb[i * cols..(i + 1) * cols]);
-        }
-        for tok in 0..t {
-            let xr = &x[tok * cols..(tok + 1) * cols];
+    yt.par_chunks_mut(ROWS * t)
+        .enumerate()
+        .for_each(|(blk, out)| {
+            let r0 = blk * ROWS;
+            let n = out.len() / t;
+            let mut wb = vec![0f32; n * cols];
             for i in 0..n {
-                out[i * t + tok] = dot(&wb[i * cols..(i + 1) * cols], xr);
+                w.row_f32(r0 + i, &mut wb[i * cols..(i + 1) * cols]);
             }
-        }
-    });
+            for tok in 0..t {
+                let xr = &x[tok * cols..(tok + 1) * cols];
+                for i in 0..n {
+                    out[i * t + tok] = dot(&wb[i * cols..(i + 1) * cols], xr);
+                }
+            }
+        });
     if t == 1 {
         return yt;
     }

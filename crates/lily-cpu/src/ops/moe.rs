@@ -53,11 +53,19 @@ pub fn router_logits(x: &[f32], t: usize, w: &MoeWeights, r: DType) -> Vec<f32> 
 }
 
 /// x [T, D] (normed) and its router logits [T, E] -> [T, D].
-pub fn moe(x: &[f32], t: usize, logits: &[f32], w: &MoeWeights, cfg: &Config, r: DType) -> Vec<f32> {
+pub fn moe(
+    x: &[f32],
+    t: usize,
+    logits: &[f32],
+    w: &MoeWeights,
+    cfg: &Config,
+    r: DType,
+) -> Vec<f32> {
     let d = cfg.hidden_size;
     let e = cfg.num_experts;
-    let routes: Vec<Vec<(usize, f32)>> =
-        (0..t).map(|ti| route(&logits[ti * e..(ti + 1) * e], cfg.num_experts_per_tok, r)).collect();
+    let routes: Vec<Vec<(usize, f32)>> = (0..t)
+        .map(|ti| route(&logits[ti * e..(ti + 1) * e], cfg.num_experts_per_tok, r))
+        .collect();
 
     // Group (token, slot) pairs by expert, slot = rank of the expert in the token's top-K.
     let k = cfg.num_experts_per_tok;
@@ -92,7 +100,8 @@ pub fn moe(x: &[f32], t: usize, logits: &[f32], w: &MoeWeights, cfg: &Config, r:
     for ex in 0..e {
         if let Some(y) = &outs[ex] {
             for (i, &(ti, slot, _)) in groups[ex].iter().enumerate() {
-                slots[(ti * k + slot) * d..(ti * k + slot + 1) * d].copy_from_slice(&y[i * d..(i + 1) * d]);
+                slots[(ti * k + slot) * d..(ti * k + slot + 1) * d]
+                    .copy_from_slice(&y[i * d..(i + 1) * d]);
             }
         }
     }
@@ -100,7 +109,9 @@ pub fn moe(x: &[f32], t: usize, logits: &[f32], w: &MoeWeights, cfg: &Config, r:
     for ti in 0..t {
         let o = &mut out[ti * d..(ti + 1) * d];
         for slot in 0..k {
-            o.iter_mut().zip(&slots[(ti * k + slot) * d..(ti * k + slot + 1) * d]).for_each(|(a, b)| *a += b);
+            o.iter_mut()
+                .zip(&slots[(ti * k + slot) * d..(ti * k + slot + 1) * d])
+                .for_each(|(a, b)| *a += b);
         }
         round_to(r, o);
     }
@@ -116,7 +127,10 @@ pub fn moe(x: &[f32], t: usize, logits: &[f32], w: &MoeWeights, cfg: &Config, r:
         round_to(r, &mut gl);
         let mut sg = [sigmoid(gl[0])];
         round_to(r, &mut sg);
-        let mut s: Vec<f32> = shared[ti * d..(ti + 1) * d].iter().map(|v| v * sg[0]).collect();
+        let mut s: Vec<f32> = shared[ti * d..(ti + 1) * d]
+            .iter()
+            .map(|v| v * sg[0])
+            .collect();
         round_to(r, &mut s);
         let o = &mut out[ti * d..(ti + 1) * d];
         o.iter_mut().zip(&s).for_each(|(a, b)| *a += b);

@@ -27,7 +27,11 @@ pub fn gated_rmsnorm(o: &[f32], z: &[f32], w: &[f32], eps: f32, r: DType) -> Vec
     let n = w.len();
     let mut y = vec![0f32; o.len()];
     let mut tmp = vec![0f32; n];
-    for ((orow, zrow), yrow) in o.chunks_exact(n).zip(z.chunks_exact(n)).zip(y.chunks_exact_mut(n)) {
+    for ((orow, zrow), yrow) in o
+        .chunks_exact(n)
+        .zip(z.chunks_exact(n))
+        .zip(y.chunks_exact_mut(n))
+    {
         let ms = orow.iter().map(|v| v * v).sum::<f32>() / n as f32;
         let inv = 1.0 / (ms + eps).sqrt();
         for i in 0..n {

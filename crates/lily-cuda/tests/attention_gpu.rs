@@ -1,0 +1,444 @@
+//! The split-K decode attention (kernels/attention.cu `attention_decode_*`,
+//! through `lily_cuda::attention::attention_decode`) at the released sizes
+//! (Hq 16, Hkv 2, Dh 256, gated) against (a) a host reference of the attention
+//! math in f64 and (b) the GPU's own `attention_kernel` at T = 1, for contexts
+//! n in {1, 2, 37, 1000, 4096, 33000} in a cache of MAX_SEQ = 40,000 rows, at
+//! several split counts: the rule's (264 here, so at n = 1, 37, 1000, 4096 some
+//! splits are empty), 1, 7, 132 and the largest the launcher takes (1024).
+//! Without a GPU every test prints that it skips and passes.
+//!
+//! The reference is computed here rather than by lily_cpu's
+//! `gated_attention`, which takes the layer's input and weights (projections,
+//! norms, RoPE, its own cache) instead of a prepared q and cache: per query
+//! head h (KV head h / 8), s_j = q . k_j * Dh^-1/2 over the n cached rows,
+//! softmax, o = sum_j p_j v_j, times sigmoid(gate), all in f64 from the very
+//! f32 / bf16 values uploaded.
+//!
+//! Inputs: a seeded splitmix64 generator, values uniform with no exact zero.
+//! K and V rows 0..n are random (as bf16); rows n..MAX_SEQ hold NaN, so a
+//! kernel that reads past the n keys fails. Most query heads are "needles":
+//! q_h = beta k_{j_h} + 0.5 r, with beta chosen so that key j_h gets about
+//! half of the softmax weight, and j_h on a boundary the kernels care about
+//! (first / last key, split and batch edges, the last split's start): losing
+//! that key, or counting it twice, moves the output by tens of percent. The
+//! other heads get a plain random q (scores with std ~2, weight spread over
+//! many keys). The scratch buffer starts as NaN and is reused across runs:
+//! the kernels must write every partial they read.
+//!
+//! Tolerances. Every output is bf16: rounding to nearest costs at most half an
+//! ulp, 2^-8 of the value, and about 2^-8 / sqrt(12) relative L2 on random
+//! data (~1.1e-3). The f32 arithmetic before it (scores over 256 dims,
+//! exp2f's 2 ulp, sums of up to 33,000 terms that are then divided by their
+//! own weight total) adds a relative error around 1e-6, far below that. So:
+//! - relative L2 error <= 1e-2 (the bf16 bound is 3.9e-3; a lost key or a
+//!   wrong head is 1e-1 or more);
+//! - every element: |gpu - ref| <= 2^-7 |ref| + 1e-4 max|ref|: twice the
+//!   rounding bound, plus an absolute floor for elements near zero;
+//! - new kernel vs attention_kernel: both round almost the same f32 number to
+//!   bf16, so they agree or differ by one ulp <= 2^-7 of the larger value:
+//!   |new - old| <= 2^-7 max(|new|, |old|) + 1e-4 max|ref|, and relative L2
+//!   <= 1e-2.
+
+use half::bf16;
+use lily_cuda::attention::{
+    attention_decode, attention_decode_scratch_bytes, attention_decode_splits,
+    ATTENTION_DECODE_MAX_SPLITS,
+};
+use lily_cuda::gpu::{Arg, DevBuf, Gpu};
+
+const HQ: usize = 16;
+const HKV: usize = 2;
+const DH: usize = 256;
+const GROUP: usize = HQ / HKV;
+const MAX_SEQ: usize = 40_000;
+const TOL_REL_L2: f64 = 1e-2;
+const TOL_ELEM_REL: f64 = 1.0 / 128.0;
+const TOL_ELEM_ABS_FRAC: f64 = 1e-4;
+
+fn gpu() -> Option<Gpu> {
+    if let Err(e) = lily_cuda::gpu::cuda_available() {
+        eprintln!("skipping: no CUDA ({e})");
+        return None;
+    }
+    // libcuda is here: a failure now is a failure, not a skip.
+    Some(Gpu::new(0).unwrap_or_else(|e| panic!("CUDA present but unusable: {e:#}")))
+}
+
+/// splitmix64: seeded, reproducible.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-std * sqrt3, std * sqrt3) (variance std^2), never 0.
+    fn sym(&mut self, std: f32) -> f32 {
+        let u = (self.next_u64() >> 40) as f32 / 16_777_216.0;
+        let x = (2.0 * u - 1.0) * 1.732_050_8 * std;
+        if x == 0.0 {
+            1e-3 * std
+        } else {
+            x
+        }
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+}
+
+/// One context: the caches as uploaded (bf16 bits, [MAX_SEQ, Hkv, Dh], rows
+/// >= n NaN) and their first n rows widened to f32 for the host.
+struct Cache {
+    n: usize,
+    k: Vec<u16>,
+    v: Vec<u16>,
+    kf: Vec<f32>,
+    vf: Vec<f32>,
+}
+
+fn cache(n: usize, seed: u64) -> Cache {
+    let mut rng = Rng(seed);
+    let row = HKV * DH;
+    let nan = bf16::NAN.to_bits();
+    let mut k = vec![nan; MAX_SEQ * row];
+    let mut v = vec![nan; MAX_SEQ * row];
+    for x in &mut k[..n * row] {
+        *x = bf16::from_f32(rng.sym(1.0)).to_bits();
+    }
+    for x in &mut v[..n * row] {
+        *x = bf16::from_f32(rng.sym(1.0)).to_bits();
+    }
+    let widen = |x: &[u16]| -> Vec<f32> {
+        x[..n * row]
+            .iter()
+            .map(|&b| bf16::from_bits(b).to_f32())
+            .collect()
+    };
+    let (kf, vf) = (widen(&k), widen(&v));
+    Cache { n, k, v, kf, vf }
+}
+
+/// Row j of KV head kh, f32.
+fn krow(c: &Cache, j: usize, kh: usize) -> &[f32] {
+    &c.kf[(j * HKV + kh) * DH..(j * HKV + kh + 1) * DH]
+}
+
+fn vrow(c: &Cache, j: usize, kh: usize) -> &[f32] {
+    &c.vf[(j * HKV + kh) * DH..(j * HKV + kh + 1) * DH]
+}
+
+/// Keys whose loss or double count a split-K kernel could get wrong with
+/// `splits` splits: the ends, the first split's edge, the last split's start,
+/// edges of 8-key batches, and this split count's per-warp share (4 warps).
+fn boundary_keys(n: usize, splits: usize) -> Vec<usize> {
+    let chunk = n.div_ceil(splits);
+    let last = (n - 1) / chunk * chunk;
+    let per_warp = chunk.div_ceil(4).div_ceil(8) * 8;
+    [
+        0,
+        n - 1,
+        chunk - 1,
+        chunk,
+        last,
+        last.saturating_sub(1),
+        7,
+        8,
+        per_warp - 1,
+        per_warp,
+        chunk + per_warp,
+        n / 2,
+    ]
+    .into_iter()
+    .map(|j| j.min(n - 1))
+    .collect()
+}
+
+/// q [Hq, Dh] and qg [Hq, 2 Dh] (query | gate; the query half, unused by the
+/// kernels, random) for a context of n keys.
+fn queries(c: &Cache, splits: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
+    let n = c.n;
+    let mut rng = Rng(seed);
+    // Needle weight about 1/2: 16 beta (its score) ~ ln(n - 1) + (beta^2 +
+    // gamma^2) / 2 (log of the other keys' total weight; their scores have
+    // variance beta^2 + gamma^2 for unit-variance k).
+    let gamma = 0.5f64;
+    let mut beta = 0.5f64;
+    for _ in 0..20 {
+        beta = (((n.max(2) - 1) as f64).ln() + (beta * beta + gamma * gamma) / 2.0)
+            / (DH as f64).sqrt();
+    }
+    let keys = boundary_keys(n, splits);
+    let mut q = vec![0f32; HQ * DH];
+    for h in 0..HQ {
+        let kh = h / GROUP;
+        let row = &mut q[h * DH..(h + 1) * DH];
+        if h % 4 == 3 {
+            for x in row.iter_mut() {
+                *x = rng.sym(2.0);
+            }
+        } else {
+            let j = if h < keys.len() {
+                keys[h]
+            } else {
+                rng.below(n)
+            };
+            for (x, k) in row.iter_mut().zip(krow(c, j, kh)) {
+                *x = (beta * *k as f64 + gamma * rng.sym(1.0) as f64) as f32;
+            }
+        }
+    }
+    let mut qg = vec![0f32; HQ * 2 * DH];
+    for x in &mut qg {
+        *x = rng.sym(1.5);
+    }
+    (q, qg)
+}
+
+/// f64 attention: [Hq * Dh].
+fn reference(c: &Cache, q: &[f32], qg: &[f32], gated: bool) -> Vec<f64> {
+    let scale = (DH as f64).powf(-0.5);
+    let mut out = vec![0f64; HQ * DH];
+    for h in 0..HQ {
+        let kh = h / GROUP;
+        let qh = &q[h * DH..(h + 1) * DH];
+        let s: Vec<f64> = (0..c.n)
+            .map(|j| {
+                let dot: f64 = qh
+                    .iter()
+                    .zip(krow(c, j, kh))
+                    .map(|(a, b)| *a as f64 * *b as f64)
+                    .sum();
+                dot * scale
+            })
+            .collect();
+        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+        let total: f64 = w.iter().sum();
+        let o = &mut out[h * DH..(h + 1) * DH];
+        for (j, wj) in w.iter().enumerate() {
+            for (od, vd) in o.iter_mut().zip(vrow(c, j, kh)) {
+                *od += wj * *vd as f64;
+            }
+        }
+        for (d, od) in o.iter_mut().enumerate() {
+            *od /= total;
+            if gated {
+                let g = qg[h * 2 * DH + DH + d] as f64;
+                *od /= 1.0 + (-g).exp();
+            }
+        }
+    }
+    out
+}
+
+/// Device buffers of one context; `scratch` starts as NaN and is reused.
+struct Dev {
+    k: DevBuf,
+    v: DevBuf,
+    q: DevBuf,
+    qg: DevBuf,
+    pos: DevBuf,
+    out: DevBuf,
+    scratch: DevBuf,
+}
+
+fn device(g: &Gpu, c: &Cache) -> Dev {
+    let alloc_up = |data: &[u16]| {
+        let b = g.alloc(std::mem::size_of_val(data)).unwrap();
+        g.upload(b.ptr, data).unwrap();
+        b
+    };
+    let scratch_bytes = attention_decode_scratch_bytes(HQ, DH, ATTENTION_DECODE_MAX_SPLITS);
+    let scratch = g.alloc(scratch_bytes).unwrap();
+    g.upload(scratch.ptr, &vec![f32::NAN; scratch_bytes / 4])
+        .unwrap();
+    let pos = g.alloc(4).unwrap();
+    g.upload(pos.ptr, &[(c.n - 1) as i32]).unwrap();
+    Dev {
+        k: alloc_up(&c.k),
+        v: alloc_up(&c.v),
+        q: g.alloc(HQ * DH * 4).unwrap(),
+        qg: g.alloc(HQ * 2 * DH * 4).unwrap(),
+        pos,
+        out: g.alloc(HQ * DH * 2).unwrap(),
+        scratch,
+    }
+}
+
+fn download_bf16(g: &Gpu, b: &DevBuf) -> Vec<f32> {
+    g.download::<u16>(b.ptr, HQ * DH)
+        .unwrap()
+        .into_iter()
+        .map(|x| bf16::from_bits(x).to_f32())
+        .collect()
+}
+
+fn run_decode(g: &Gpu, d: &Dev, splits: usize, gated: bool) -> Vec<f32> {
+    attention_decode(
+        g,
+        d.q.ptr,
+        d.k.ptr,
+        d.v.ptr,
+        d.qg.ptr,
+        d.pos.ptr,
+        d.out.ptr,
+        d.scratch.ptr,
+        splits,
+        HQ,
+        HKV,
+        DH,
+        (DH as f32).powf(-0.5),
+        gated,
+    )
+    .unwrap();
+    download_bf16(g, &d.out)
+}
+
+fn run_attention_kernel(g: &Gpu, d: &Dev, gated: bool) -> Vec<f32> {
+    g.launch(
+        "attention_kernel",
+        (1, HQ as u32, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::Ptr(d.q.ptr),
+            Arg::Ptr(d.k.ptr),
+            Arg::Ptr(d.v.ptr),
+            Arg::Ptr(d.qg.ptr),
+            Arg::Ptr(d.pos.ptr),
+            Arg::Ptr(d.out.ptr),
+            Arg::I32(HQ as i32),
+            Arg::I32(HKV as i32),
+            Arg::I32(DH as i32),
+            Arg::F32((DH as f32).powf(-0.5)),
+            Arg::I32(gated as i32),
+        ],
+    )
+    .unwrap();
+    download_bf16(g, &d.out)
+}
+
+/// (relative L2 error, worst element error / its bound) of `got` against
+/// `want`; `bound(i)` is element i's allowed error.
+fn errors(got: &[f32], want: &[f64], bound: impl Fn(usize) -> f64) -> (f64, f64) {
+    let (mut num, mut den, mut worst) = (0f64, 0f64, 0f64);
+    for (i, (&x, &y)) in got.iter().zip(want).enumerate() {
+        let e = (x as f64 - y).abs();
+        num += e * e;
+        den += y * y;
+        // NaN (a read past n, an unwritten partial) makes the ratio NaN and fails below.
+        let r = e / bound(i);
+        worst = if r.is_nan() { f64::NAN } else { worst.max(r) };
+    }
+    ((num / den).sqrt(), worst)
+}
+
+fn check(what: &str, got: &[f32], want: &[f64], other: Option<&[f32]>) {
+    let amax = want.iter().fold(0f64, |a, y| a.max(y.abs()));
+    let floor = TOL_ELEM_ABS_FRAC * amax;
+    let (rel, worst) = match other {
+        None => errors(got, want, |i| TOL_ELEM_REL * want[i].abs() + floor),
+        Some(o) => {
+            let o64: Vec<f64> = o.iter().map(|&x| x as f64).collect();
+            errors(got, &o64, |i| {
+                TOL_ELEM_REL * (got[i].abs().max(o[i].abs()) as f64) + floor
+            })
+        }
+    };
+    eprintln!("{what}: rel L2 {rel:.2e}, worst element at {worst:.2} of its bound");
+    assert!(
+        rel <= TOL_REL_L2,
+        "{what}: relative L2 error {rel:.3e} > {TOL_REL_L2:e}"
+    );
+    assert!(
+        worst <= 1.0,
+        "{what}: an element's error is {worst:.3} times its bound (or NaN)"
+    );
+}
+
+fn check_context(n: usize, gated: bool) {
+    let Some(g) = gpu() else { return };
+    let c = cache(n, 0xA77E_0000 + n as u64);
+    let d = device(&g, &c);
+    let rule = attention_decode_splits(MAX_SEQ);
+    assert_eq!(rule, 264);
+    for (i, splits) in [rule, 1, 7, 132, ATTENTION_DECODE_MAX_SPLITS]
+        .into_iter()
+        .enumerate()
+    {
+        let (q, qg) = queries(&c, splits, 0x5EED_0000 + 16 * n as u64 + i as u64);
+        g.upload(d.q.ptr, &q).unwrap();
+        g.upload(d.qg.ptr, &qg).unwrap();
+        let want = reference(&c, &q, &qg, gated);
+        let old = run_attention_kernel(&g, &d, gated);
+        let new = run_decode(&g, &d, splits, gated);
+        let what = format!("n {n}, splits {splits}, gated {gated}");
+        check(&format!("{what}: decode vs f64"), &new, &want, None);
+        check(
+            &format!("{what}: attention_kernel vs f64"),
+            &old,
+            &want,
+            None,
+        );
+        check(
+            &format!("{what}: decode vs attention_kernel"),
+            &new,
+            &want,
+            Some(&old),
+        );
+    }
+}
+
+#[test]
+fn decode_n1() {
+    check_context(1, true);
+}
+
+#[test]
+fn decode_n2() {
+    check_context(2, true);
+}
+
+#[test]
+fn decode_n37() {
+    check_context(37, true);
+}
+
+#[test]
+fn decode_n1000() {
+    check_context(1000, true);
+}
+
+#[test]
+fn decode_n4096() {
+    check_context(4096, true);
+}
+
+#[test]
+fn decode_n33000() {
+    check_context(33_000, true);
+}
+
+/// The ungated path (out = attention alone), as for a model without the gate.
+#[test]
+fn decode_ungated_n1000() {
+    check_context(1000, false);
+}
+
+/// Host-side checks that need no GPU: the rule's split counts and the
+/// needle keys the tests place.
+#[test]
+fn boundary_keys_are_in_range() {
+    for n in [1, 2, 37, 1000, 4096, 33_000] {
+        for splits in [1, 7, 132, 264, 1024] {
+            assert!(boundary_keys(n, splits).iter().all(|&j| j < n));
+        }
+    }
+    assert_eq!(attention_decode_splits(MAX_SEQ), 264);
+}
