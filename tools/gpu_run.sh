@@ -103,6 +103,20 @@ floor)
   e2e full4 1100 1050 "--hf-f32 --hf-sdpa"
   e2e full 1100 1050 "--hf-sdpa"
   ;;
+side)
+  # Lily and transformers on the same random weights, one after the other in
+  # this run, then one table with the ratio (BENCHMARKS.md records it)
+  timeout 300 "$lily" bench --device cuda --synthetic full --prompt-len 512,4096,16384 --context 512,4096,32768 --gen 128 --runs 3 --json \
+    > "$out/side-lily.json" 2> "$out/side-lily.log" || note "lily bench FAILED: $(tail -3 "$out/side-lily.log")"
+  (cd tools && PYTHONUNBUFFERED=1 timeout 280 python3 hf_bench.py --synthetic full --lily ../.carry/lily --prompt-len 512,4096,16384 \
+    --context 512,4096,32768 --gen 32 --runs 2 --out "$out/side-hf.json" > "$out/side-hf.log" 2>&1) || note "hf bench FAILED: $(tail -3 "$out/side-hf.log")"
+  note "$(python3 tools/side_by_side.py "$out/side-lily.json" "$out/side-hf.json" 2>&1)"
+  ;;
+long)
+  # decode at 131,072 context (one prefill; its speed is what issue 6 asks about)
+  timeout 560 "$lily" bench --device cuda --synthetic full --prompt-len 512 --context 131072 --gen 128 --runs 3 --profile \
+    > "$out/bench-long.txt" 2> "$out/bench-long.log" && note "$(cat "$out/bench-long.txt")" || note "bench long FAILED: $(tail -3 "$out/bench-long.log")"
+  ;;
 peer)
   (cd tools && PYTHONUNBUFFERED=1 python3 hf_bench.py --synthetic full --lily ../.carry/lily --out "$out/hf-bench.json" > "$out/hf-bench.log" 2>&1) \
     && note "transformers: $(cat "$out/hf-bench.json")" || note "hf bench FAILED: $(tail -3 "$out/hf-bench.log")"

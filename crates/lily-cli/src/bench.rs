@@ -77,13 +77,13 @@ fn prefill(b: &Backend, toks: &[u32]) -> Result<(f64, u32, lily_engine::backend:
     Ok((t.elapsed().as_secs_f64(), tok, st))
 }
 
-/// Decode `gen` greedy tokens after `st`; returns seconds.
+/// Decode `gen` greedy tokens after `st`; returns seconds and the last token.
 fn decode(
     b: &Backend,
     st: &mut lily_engine::backend::BackendState,
     mut tok: u32,
     gen: usize,
-) -> Result<f64> {
+) -> Result<(f64, u32)> {
     let t = Instant::now();
     for _ in 0..gen {
         tok = match (b, &mut *st) {
@@ -93,7 +93,7 @@ fn decode(
             _ => argmax(&b.decode(tok, st)?),
         };
     }
-    Ok(t.elapsed().as_secs_f64())
+    Ok((t.elapsed().as_secs_f64(), tok))
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
@@ -158,25 +158,31 @@ pub fn run(a: BenchArgs) -> Result<()> {
             .push(json!({"prompt_len": p, "prefill_tok_s": p as f64 / s, "ttft_ms": s * 1e3}));
     }
     for &c in &contexts {
+        // one prefill per context, then a warm-up step and `runs` timed
+        // segments of `gen` tokens back to back (contexts c, c + gen, ...):
+        // decode speed depends on the context length, not on which tokens
+        // fill it, and a second prefill of a long prompt would cost minutes
         let toks = prompt(c.max(1), vocab);
         let (_, tok, mut st) = prefill(&b, &toks)?;
-        decode(&b, &mut st, tok, 2.min(gen))?; // warm-up
+        // warm-up (captures the CUDA graph)
+        let (_, mut tok) = decode(&b, &mut st, tok, 2.min(gen))?;
         let mut times = Vec::new();
         for _ in 0..a.runs {
-            let (_, tok, mut st) = prefill(&b, &toks)?;
-            times.push(decode(&b, &mut st, tok, gen)?);
+            let (secs, last) = decode(&b, &mut st, tok, gen)?;
+            times.push(secs);
+            tok = last;
         }
         let s = median(times);
         let mut row = json!({"context": c, "gen": gen, "decode_tok_s": gen as f64 / s, "ms_per_token": s * 1e3 / gen as f64});
         if let (Backend::Cuda(m), Some(bw)) = (&b, bandwidth) {
-            // the bytes of the middle step of the timed run
-            let bytes = m.decode_step_bytes(c + gen / 2);
+            // the bytes of the middle step of the timed segments
+            let bytes = m.decode_step_bytes(c + (a.runs * gen) / 2);
             let floor_tok_s = bw / bytes as f64;
             row["step_bytes"] = json!(bytes);
             row["floor_tok_s"] = json!(floor_tok_s);
             row["pct_of_floor"] = json!(100.0 * (gen as f64 / s) / floor_tok_s);
             if a.profile {
-                let (_, _, mut st) = prefill(&b, &toks)?;
+                // the state is spent after this: the profiled step replays
                 if let lily_engine::backend::BackendState::Cuda(cs) = &mut st {
                     let secs = m.profile_decode(cs, 5)?;
                     row["profile"] = json!(secs

@@ -1,0 +1,16 @@
+#!/usr/bin/env python3
+"""One table from `lily bench --json` and tools/hf_bench.py outputs of the same
+run: each size, both engines, and Lily's speed-up."""
+import json
+import sys
+
+lily = json.load(open(sys.argv[1]))
+hf = json.load(open(sys.argv[2])) if len(sys.argv) > 2 else {"prefill": [], "decode": []}
+print(f"Lily: {lily['device']}, {lily['model']}; peer: {hf.get('engine', '?')} (torch {hf.get('torch', '?')})")
+print(f"{'':8} {'size':>8} {'Lily tok/s':>12} {'HF tok/s':>10} {'Lily/HF':>8} {'Lily % floor':>13}")
+for kind, key, val in (("prefill", "prompt_len", "prefill_tok_s"), ("decode", "context", "decode_tok_s")):
+    theirs = {r[key]: r[val] for r in hf.get(kind, [])}
+    for r in lily[kind]:
+        x, y = r[val], theirs.get(r[key])
+        pct = f"{r['pct_of_floor']:.0f}%" if "pct_of_floor" in r else ""
+        print(f"{kind:8} {r[key]:>8} {x:>12.1f} {(f'{y:.1f}' if y else '-'):>10} {(f'{x / y:.1f}x' if y else '-'):>8} {pct:>13}")
