@@ -53,3 +53,50 @@ __device__ __forceinline__ void load8(const bf16* p, float* out) {
         out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
     }
 }
+
+// One warp's dot product of a bf16 row with a bf16 vector (K % 8 == 0): each
+// lane streams 16-byte chunks, so the warp reads 512 contiguous bytes a step.
+// Every lane gets the sum.
+__device__ __forceinline__ float warp_dot_bf16(const bf16* __restrict__ w, const bf16* __restrict__ x, int K) {
+    int lane = threadIdx.x & 31;
+    float acc = 0.f;
+    for (int k = lane * 8; k < K; k += 256) {
+        float a[8], b[8];
+        load8(w + k, a);
+        load8(x + k, b);
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc += a[i] * b[i];
+    }
+    return warp_sum(acc);
+}
+
+// The last block to finish of a decode kernel (one whose blocks each wrote a
+// slice of delta, or of x): x += delta (when given), then out = bf16(x *
+// rsqrt(mean(x^2) + eps) * w1p), the RMSNorm that feeds the next projection.
+// Values other blocks wrote this launch are read through L2 (__ldcg). Resets
+// `counter` so a captured graph can replay the kernel. Returns false in every
+// block but the last.
+__device__ __forceinline__ bool last_block_add_norm(float* __restrict__ x, const float* __restrict__ delta,
+                                                    const float* __restrict__ w1p, bf16* __restrict__ out,
+                                                    int D, float eps, unsigned* __restrict__ counter) {
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return false;
+    __threadfence();
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        float v = __ldcg(x + i);
+        if (delta) {
+            v += __ldcg(delta + i);
+            x[i] = v;
+        }
+        ss += v * v;
+    }
+    float inv = rsqrtf(block_sum(ss) / D + eps);
+    for (int i = threadIdx.x; i < D; i += blockDim.x) out[i] = f2bf(__ldcg(x + i) * inv * w1p[i]);
+    if (threadIdx.x == 0) *counter = 0;
+    return true;
+}

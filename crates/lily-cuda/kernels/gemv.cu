@@ -8,16 +8,7 @@ extern "C" __global__ void gemv_kernel(const bf16* __restrict__ W, const bf16* _
     int lane = threadIdx.x & 31;
     long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= N) return;
-    const bf16* w = W + row * K;
-    float acc = 0.f;
-    for (int k = lane * 8; k < K; k += 256) {
-        float a[8], b[8];
-        load8(w + k, a);
-        load8(x + k, b);
-#pragma unroll
-        for (int i = 0; i < 8; i++) acc += a[i] * b[i];
-    }
-    acc = warp_sum(acc);
+    float acc = warp_dot_bf16(W + row * K, x, K);
     if (lane == 0) y[row] = acc;
 }
 
@@ -59,15 +50,22 @@ extern "C" __global__ void gemv3_kernel(const bf16* __restrict__ x, int K,
     } else {
         return;
     }
-    const bf16* w = W + row * K;
-    float acc = 0.f;
-    for (int k = lane * 8; k < K; k += 256) {
-        float a[8], b[8];
-        load8(w + k, a);
-        load8(x + k, b);
-#pragma unroll
-        for (int i = 0; i < 8; i++) acc += a[i] * b[i];
-    }
-    acc = warp_sum(acc);
+    float acc = warp_dot_bf16(W + row * K, x, K);
     if (lane == 0) y[row] = acc;
+}
+
+// Decode output projection of a mixer with the residual add and the
+// post-attention RMSNorm fused in: delta[D] = W[D, K] h[K]; then the last
+// block does x += delta, out = norm(x) (out may alias h: every block has read
+// h before it counts itself done).
+extern "C" __global__ void gemv_add_norm_kernel(const bf16* __restrict__ W, const bf16* h, float* __restrict__ delta,
+                                                int D, int K, float* __restrict__ x, const float* __restrict__ w1p,
+                                                bf16* out, float eps, unsigned* __restrict__ counter) {
+    int lane = threadIdx.x & 31;
+    long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row < D) {
+        float acc = warp_dot_bf16(W + row * K, h, K);
+        if (lane == 0) delta[row] = acc;
+    }
+    last_block_add_norm(x, delta, w1p, out, D, eps, counter);
 }

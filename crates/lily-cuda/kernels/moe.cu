@@ -73,16 +73,7 @@ extern "C" __global__ void router_decode_kernel(const bf16* __restrict__ W, cons
     int lane = threadIdx.x & 31;
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row <= E) {
-        const bf16* w = W + (long)row * D;
-        float acc = 0.f;
-        for (int k = lane * 8; k < D; k += 256) {
-            float a[8], b[8];
-            load8(w + k, a);
-            load8(x + k, b);
-#pragma unroll
-            for (int i = 0; i < 8; i++) acc += a[i] * b[i];
-        }
-        acc = warp_sum(acc);
+        float acc = warp_dot_bf16(W + (long)row * D, x, D);
         if (lane == 0) logits[row] = acc;
     }
     __threadfence();
@@ -131,14 +122,11 @@ extern "C" __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const 
 
 // x[t, d] += sum_slot w[t, slot] * down_slot[d, :] . h[t, slot, :] (the residual
 // add fused in). Grid (ceil(D / 8), T), block 256 (a warp per output d).
-extern "C" __global__ void moe_down_kernel(const bf16* __restrict__ h, const bf16* __restrict__ down,
-                                           const bf16* __restrict__ shared_down, const int* __restrict__ idx,
-                                           const float* __restrict__ wts, float* __restrict__ x,
-                                           int D, int F, int Fs, int K) {
+__device__ __forceinline__ float moe_down_row(const bf16* __restrict__ h, const bf16* __restrict__ down,
+                                              const bf16* __restrict__ shared_down, const int* __restrict__ idx,
+                                              const float* __restrict__ wts, int D, int F, int Fs, int K, long t,
+                                              int d) {
     int lane = threadIdx.x & 31;
-    int d = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    long t = blockIdx.y;
-    if (d >= D) return;
     int hw = F > Fs ? F : Fs;
     float total = 0.f;
     for (int slot = 0; slot <= K; slot++) {
@@ -156,5 +144,31 @@ extern "C" __global__ void moe_down_kernel(const bf16* __restrict__ h, const bf1
         }
         total += wts[t * (K + 1) + slot] * warp_sum(acc);
     }
-    if (lane == 0) x[t * D + d] += total;
+    return total;
+}
+
+extern "C" __global__ void moe_down_kernel(const bf16* __restrict__ h, const bf16* __restrict__ down,
+                                           const bf16* __restrict__ shared_down, const int* __restrict__ idx,
+                                           const float* __restrict__ wts, float* __restrict__ x,
+                                           int D, int F, int Fs, int K) {
+    int d = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    long t = blockIdx.y;
+    if (d >= D) return;
+    float total = moe_down_row(h, down, shared_down, idx, wts, D, F, Fs, K, t, d);
+    if ((threadIdx.x & 31) == 0) x[t * D + d] += total;
+}
+
+// Decode (one token): moe_down_kernel with the RMSNorm that feeds the next
+// layer's mixer (or the lm_head) fused into its last block: out = norm(x) * w1p.
+extern "C" __global__ void moe_down_norm_kernel(const bf16* __restrict__ h, const bf16* __restrict__ down,
+                                                const bf16* __restrict__ shared_down, const int* __restrict__ idx,
+                                                const float* __restrict__ wts, float* __restrict__ x,
+                                                int D, int F, int Fs, int K, const float* __restrict__ w1p,
+                                                bf16* __restrict__ out, float eps, unsigned* __restrict__ counter) {
+    int d = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (d < D) {
+        float total = moe_down_row(h, down, shared_down, idx, wts, D, F, Fs, K, 0, d);
+        if ((threadIdx.x & 31) == 0) x[d] += total;
+    }
+    last_block_add_norm(x, nullptr, w1p, out, D, eps, counter);
 }

@@ -409,16 +409,31 @@ impl CudaModel {
         )?;
         let norm_bytes = (d * 4 * 3 + d * 2) as u64;
         self.mark("embed", (d * 2 + d * 4) as u64)?;
+        // One decode token: each RMSNorm runs in the last block of the kernel
+        // before it (the mixer's output projection, the MoE down product), so
+        // only the first layer's input norm is a launch of its own. After the
+        // last layer `s.h` holds the final-normed hidden state.
+        let fused = t == 1;
         for (l, (lw, ls)) in self.w.layers.iter().zip(st.layers.iter()).enumerate() {
-            self.add_norm(s.x.ptr, None, &lw.input_norm, s.h.ptr, t)?;
-            self.mark("norms", norm_bytes)?;
+            if !fused || l == 0 {
+                self.add_norm(s.x.ptr, None, &lw.input_norm, s.h.ptr, t)?;
+                self.mark("norms", norm_bytes)?;
+            }
             match &lw.mixer {
                 DevMixer::Attention(_) => self.attention(lw, ls, t)?,
                 DevMixer::Gdn(_) => self.gdn(lw, ls, t)?,
             }
-            self.add_norm(s.x.ptr, Some(s.delta.ptr), &lw.post_norm, s.h.ptr, t)?;
-            self.mark("norms", norm_bytes)?;
-            self.moe(lw, t)
+            if !fused {
+                self.add_norm(s.x.ptr, Some(s.delta.ptr), &lw.post_norm, s.h.ptr, t)?;
+                self.mark("norms", norm_bytes)?;
+            }
+            let next_norm = self
+                .w
+                .layers
+                .get(l + 1)
+                .map(|n| &n.input_norm)
+                .unwrap_or(&self.w.norm);
+            self.moe(lw, t, next_norm)
                 .map_err(|e| e.context(format!("layer {l} moe")))?;
         }
         Ok(())
@@ -511,7 +526,7 @@ impl CudaModel {
             )?;
         }
         self.mark("attn core", attention_core_bytes(cfg, self.prof_pos()))?;
-        self.linear(s.h.ptr, &a.o, s.delta.ptr, t, d, hq * dh)?;
+        self.out_proj(&a.o, hq * dh, &lw.post_norm, t)?;
         self.mark("attn o proj", a.o.bytes as u64)
     }
 
@@ -603,11 +618,42 @@ impl CudaModel {
             )?;
         }
         self.mark("gdn core", gdn_core_bytes(cfg))?;
-        self.linear(s.h.ptr, &w.out, s.delta.ptr, t, d, hv * dv)?;
+        self.out_proj(&w.out, hv * dv, &lw.post_norm, t)?;
         self.mark("gdn out proj", w.out.bytes as u64)
     }
 
-    fn moe(&self, lw: &DevLayer, t: usize) -> Result<()> {
+    /// A mixer's output projection h[T, k] -> delta[T, D]; for one decode
+    /// token with the residual add and `post_norm` fused in (x += delta,
+    /// h = norm(x)), which prefill runs as its own kernel.
+    fn out_proj(&self, w: &DevBuf, k: usize, post_norm: &DevBuf, t: usize) -> Result<()> {
+        let (d, s) = (self.cfg.hidden_size, &self.s);
+        if t > 1 {
+            return self.linear(s.h.ptr, w, s.delta.ptr, t, d, k);
+        }
+        self.gpu.launch(
+            "gemv_add_norm_kernel",
+            (d.div_ceil(8) as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(w.ptr),
+                Arg::Ptr(s.h.ptr),
+                Arg::Ptr(s.delta.ptr),
+                Arg::I32(d as i32),
+                Arg::I32(k as i32),
+                Arg::Ptr(s.x.ptr),
+                Arg::Ptr(post_norm.ptr),
+                Arg::Ptr(s.h.ptr),
+                Arg::F32(self.cfg.rms_norm_eps),
+                Arg::Ptr(s.counter.ptr),
+            ],
+        )
+    }
+
+    /// The MoE block; `next_norm` is the RMSNorm weight (1 + w) of what
+    /// follows (the next layer's input norm, or the final norm), which one
+    /// decode token runs fused into the down product's last block.
+    fn moe(&self, lw: &DevLayer, t: usize, next_norm: &DevBuf) -> Result<()> {
         let (cfg, g, s) = (&self.cfg, &self.gpu, &self.s);
         let (d, e, k, f, fs) = (
             cfg.hidden_size,
@@ -670,24 +716,49 @@ impl CudaModel {
                 Arg::I32(k as i32),
             ],
         )?;
-        g.launch(
-            "moe_down_kernel",
-            (d.div_ceil(8) as u32, t as u32, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(s.moe_h.ptr),
-                Arg::Ptr(lw.down.ptr),
-                Arg::Ptr(lw.shared_down.ptr),
-                Arg::Ptr(s.idx.ptr),
-                Arg::Ptr(s.wts.ptr),
-                Arg::Ptr(s.x.ptr),
-                Arg::I32(d as i32),
-                Arg::I32(f as i32),
-                Arg::I32(fs as i32),
-                Arg::I32(k as i32),
-            ],
-        )?;
+        if t == 1 {
+            g.launch(
+                "moe_down_norm_kernel",
+                (d.div_ceil(8) as u32, 1, 1),
+                (256, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(s.moe_h.ptr),
+                    Arg::Ptr(lw.down.ptr),
+                    Arg::Ptr(lw.shared_down.ptr),
+                    Arg::Ptr(s.idx.ptr),
+                    Arg::Ptr(s.wts.ptr),
+                    Arg::Ptr(s.x.ptr),
+                    Arg::I32(d as i32),
+                    Arg::I32(f as i32),
+                    Arg::I32(fs as i32),
+                    Arg::I32(k as i32),
+                    Arg::Ptr(next_norm.ptr),
+                    Arg::Ptr(s.h.ptr),
+                    Arg::F32(cfg.rms_norm_eps),
+                    Arg::Ptr(s.counter.ptr),
+                ],
+            )?;
+        } else {
+            g.launch(
+                "moe_down_kernel",
+                (d.div_ceil(8) as u32, t as u32, 1),
+                (256, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(s.moe_h.ptr),
+                    Arg::Ptr(lw.down.ptr),
+                    Arg::Ptr(lw.shared_down.ptr),
+                    Arg::Ptr(s.idx.ptr),
+                    Arg::Ptr(s.wts.ptr),
+                    Arg::Ptr(s.x.ptr),
+                    Arg::I32(d as i32),
+                    Arg::I32(f as i32),
+                    Arg::I32(fs as i32),
+                    Arg::I32(k as i32),
+                ],
+            )?;
+        }
         self.mark("moe experts", moe_expert_bytes(cfg))
     }
 
@@ -697,6 +768,14 @@ impl CudaModel {
         let s = &self.s;
         self.add_norm(s.x.at(r0 * d * 4), None, &self.w.norm, s.h.ptr, n)?;
         self.linear(s.h.ptr, &self.w.lm_head, out, n, v, d)?;
+        self.mark("lm_head", (self.w.lm_head.bytes + v * 4) as u64)
+    }
+
+    /// Decode logits into `s.logits`: `layers(_, 1)` left the final-normed
+    /// hidden state in `s.h`.
+    fn lm_head_decode(&self) -> Result<()> {
+        let (d, v) = (self.cfg.hidden_size, self.cfg.vocab_size);
+        self.linear(self.s.h.ptr, &self.w.lm_head, self.s.logits.ptr, 1, v, d)?;
         self.mark("lm_head", (self.w.lm_head.bytes + v * 4) as u64)
     }
 
@@ -844,7 +923,7 @@ impl CudaModel {
         self.gpu.upload(s.pos.ptr, &[st.pos as i32])?;
         if !self.opts.graphs {
             self.layers(st, 1)?;
-            self.head(0, 1, s.logits.ptr)?;
+            self.lm_head_decode()?;
         } else {
             if st.graph.is_none() {
                 st.graph = Some(StepGraph(self.capture_step(st)?));
@@ -867,7 +946,7 @@ impl CudaModel {
             .prof
             .mark_start(stream.cu_stream())
             .and_then(|_| self.layers(st, 1))
-            .and_then(|_| self.head(0, 1, self.s.logits.ptr));
+            .and_then(|_| self.lm_head_decode());
         // end the capture even when recording failed, or the stream stays capturing
         let graph = stream.end_capture(CUgraphInstantiate_flags(0));
         recorded.context("recording the decode step")?;

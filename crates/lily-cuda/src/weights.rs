@@ -131,35 +131,23 @@ impl Uploader<'_> {
         let n = m.rows * m.cols;
         let start = m.row0 * m.cols;
         match &m.t.storage {
-            Storage::Procedural(p) => self.gpu.launch(
-                "procedural_fill_kernel",
-                (1024, 1, 1),
-                (256, 1, 1),
-                0,
-                &[
+            Storage::Procedural(p) | Storage::ProceduralRows(p) => {
+                let mut args = vec![
                     Arg::Ptr(dst),
                     Arg::U64(n as u64),
                     Arg::U64(start as u64),
                     Arg::U64(p.seed),
                     Arg::F32(p.mean),
                     Arg::F32(p.std),
-                ],
-            ),
-            Storage::ProceduralRows(p) => self.gpu.launch(
-                "procedural_rows_fill_kernel",
-                (1024, 1, 1),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(dst),
-                    Arg::U64(n as u64),
-                    Arg::U64(start as u64),
-                    Arg::U64(p.seed),
-                    Arg::F32(p.mean),
-                    Arg::F32(p.std),
-                    Arg::U64(m.cols as u64),
-                ],
-            ),
+                ];
+                let kernel = if matches!(m.t.storage, Storage::ProceduralRows(_)) {
+                    args.push(Arg::U64(m.cols as u64));
+                    "procedural_rows_fill_kernel"
+                } else {
+                    "procedural_fill_kernel"
+                };
+                self.gpu.launch(kernel, (1024, 1, 1), (256, 1, 1), 0, &args)
+            }
             Storage::Bytes { .. } => {
                 let bytes = m.t.bytes().unwrap();
                 let sz = m.t.dtype.size();

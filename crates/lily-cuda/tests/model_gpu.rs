@@ -408,3 +408,70 @@ fn gemv3_matches_the_cpu() {
         assert!(e < 1e-4, "projection {i} ({} rows): relative L2 {e}", ns[i]);
     }
 }
+
+/// The decode output projection with the residual add and the RMSNorm fused
+/// into its last block (gemv_add_norm_kernel) against the CPU's linear, add
+/// and norm; three calls in a row, so the block counter must reset itself.
+#[test]
+fn gemv_add_norm_matches_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let (d, k, eps) = (2048usize, 4096usize, 1e-6f32);
+    let counter = g.alloc(4).unwrap();
+    g.zero(counter.ptr, 4).unwrap();
+    let delta = g.alloc(d * 4).unwrap();
+    for call in 0..3u64 {
+        let w = procedural_mat(d, k, 800 + call, 1.0 / (k as f32).sqrt());
+        let h: Vec<f32> = random(k, 810 + call, 1.0)
+            .iter()
+            .map(|v| half::bf16::from_f32(*v).to_f32())
+            .collect();
+        let x0 = random(d, 820 + call, 1.0);
+        let w1p: Vec<f32> = random(d, 830 + call, 0.1).iter().map(|v| 1.0 + v).collect();
+        let wb = g.upload_new(&bf16_bits(&w.t.to_f32_vec())).unwrap();
+        let hb = g.upload_new(&bf16_bits(&h)).unwrap();
+        let xb = g.upload_new(&x0).unwrap();
+        let nb = g.upload_new(&w1p).unwrap();
+        g.launch(
+            "gemv_add_norm_kernel",
+            (d.div_ceil(8) as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(wb.ptr),
+                Arg::Ptr(hb.ptr),
+                Arg::Ptr(delta.ptr),
+                Arg::I32(d as i32),
+                Arg::I32(k as i32),
+                Arg::Ptr(xb.ptr),
+                Arg::Ptr(nb.ptr),
+                Arg::Ptr(hb.ptr), // the output overwrites the input, as in the model
+                Arg::F32(eps),
+                Arg::Ptr(counter.ptr),
+            ],
+        )
+        .unwrap();
+        let got_x: Vec<f32> = g.download(xb.ptr, d).unwrap();
+        let got_out: Vec<u16> = g.download(hb.ptr, d).unwrap();
+        let c: Vec<u32> = g.download(counter.ptr, 1).unwrap();
+        assert_eq!(c[0], 0, "call {call}: the block counter did not reset");
+        let dl = linear(&h, 1, &w);
+        let want_x: Vec<f32> = x0.iter().zip(&dl).map(|(a, b)| a + b).collect();
+        let ms = want_x.iter().map(|v| (v * v) as f64).sum::<f64>() / d as f64;
+        let inv = 1.0 / (ms + eps as f64).sqrt();
+        let want_out: Vec<f32> = want_x
+            .iter()
+            .zip(&w1p)
+            .map(|(v, w)| (*v as f64 * inv * *w as f64) as f32)
+            .collect();
+        let got_out: Vec<f32> = got_out
+            .iter()
+            .map(|b| half::bf16::from_bits(*b).to_f32())
+            .collect();
+        // x: f32 sums in another order (~1e-6); out: bf16 rounding of the
+        // result (relative L2 ~1e-3, at most 2^-8 per element)
+        let ex = rel_l2(&got_x, &want_x);
+        let eo = rel_l2(&got_out, &want_out);
+        assert!(ex < 1e-5, "call {call}: residual relative L2 {ex}");
+        assert!(eo < 4e-3, "call {call}: normed output relative L2 {eo}");
+    }
+}

@@ -461,12 +461,14 @@ fn message(i: usize, m: &Value) -> Result<Value, ApiError> {
     let role = match role {
         "system" | "developer" => "system",
         "user" | "assistant" | "tool" => role,
-        other => return Err(ApiError::invalid(
-            format!("{p}.role"),
-            format!(
+        other => {
+            return Err(ApiError::invalid(
+                format!("{p}.role"),
+                format!(
                 "'{p}.role' must be one of system, developer, user, assistant, tool; got {other:?}"
             ),
-        )),
+            ))
+        }
     };
     let mut out = Map::new();
     out.insert("role".into(), role.into());
