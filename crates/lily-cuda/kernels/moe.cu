@@ -172,3 +172,78 @@ extern "C" __global__ void moe_down_norm_kernel(const bf16* __restrict__ h, cons
     }
     last_block_add_norm(x, nullptr, w1p, out, D, eps, counter);
 }
+
+// ---- Prefill: experts as grouped GEMMs ----
+// A chunk of T tokens makes T*K (token, slot) pairs. They are sorted by expert
+// (stable: in token order), each expert's rows are gathered into one block of
+// a matrix, and cuBLAS multiplies each block by its expert's weights once,
+// instead of every token re-reading its experts' weights.
+
+// counts[e] += pairs routed to e. Grid ceil(T*K / 256), block 256; counts zeroed first.
+extern "C" __global__ void moe_count_kernel(const int* __restrict__ idx, int n, int* __restrict__ counts) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) atomicAdd(counts + idx[i], 1);
+}
+
+// One block (256 threads) per expert e: walk the pairs in order and give each
+// pair routed to e the next row of e's block, starting at offsets[e].
+// rowmap[pair] = row; src[row] = token.
+extern "C" __global__ void moe_assign_kernel(const int* __restrict__ idx, int n, int K,
+                                             const int* __restrict__ offsets, int* __restrict__ rowmap,
+                                             int* __restrict__ src) {
+    __shared__ int warp_counts[8];
+    int e = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int base = offsets[e];
+    for (int start = 0; start < n; start += blockDim.x) {
+        int i = start + threadIdx.x;
+        bool mine = i < n && idx[i] == e;
+        unsigned ballot = __ballot_sync(0xffffffffu, mine);
+        if (lane == 0) warp_counts[w] = __popc(ballot);
+        __syncthreads();
+        int before = 0, total = 0;
+        for (int j = 0; j < (int)(blockDim.x >> 5); j++) {
+            if (j < w) before += warp_counts[j];
+            total += warp_counts[j];
+        }
+        if (mine) {
+            int row = base + before + __popc(ballot & ((1u << lane) - 1u));
+            rowmap[i] = row;
+            src[row] = i / K;
+        }
+        base += total;
+        __syncthreads();
+    }
+}
+
+// xs[row, :] = h[src[row], :] (bf16 rows of D). Grid rows, block 256.
+extern "C" __global__ void moe_gather_kernel(const bf16* __restrict__ h, const int* __restrict__ src,
+                                             bf16* __restrict__ xs, int D) {
+    long r = blockIdx.x;
+    const uint4* in = reinterpret_cast<const uint4*>(h + (long)src[r] * D);
+    uint4* out = reinterpret_cast<uint4*>(xs + r * D);
+    for (int i = threadIdx.x; i < D / 8; i += blockDim.x) out[i] = in[i];
+}
+
+// hs[r, f] = bf16(silu(y[r, f]) * y[r, F + f]) for y [rows, 2F] f32 (gate | up).
+extern "C" __global__ void moe_silu_mul_kernel(const float* __restrict__ y, bf16* __restrict__ hs, long rows, int F) {
+    long n = rows * F;
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+        long r = i / F;
+        int f = (int)(i - r * F);
+        hs[i] = f2bf(siluf_(y[r * 2 * F + f]) * y[r * 2 * F + F + f]);
+    }
+}
+
+// x[t, d] += sum_slot wts[t, slot] * os[rowmap[t, slot], d] + wts[t, K] * osh[t, d],
+// the slots summed in order as moe_down_kernel does. Grid T, block 256.
+extern "C" __global__ void moe_combine_kernel(const float* __restrict__ os, const float* __restrict__ osh,
+                                              const int* __restrict__ rowmap, const float* __restrict__ wts,
+                                              float* __restrict__ x, int D, int K) {
+    long t = blockIdx.x;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float total = 0.f;
+        for (int s = 0; s < K; s++) total += wts[t * (K + 1) + s] * os[(long)rowmap[t * K + s] * D + d];
+        total += wts[t * (K + 1) + K] * osh[t * D + d];
+        x[t * D + d] += total;
+    }
+}

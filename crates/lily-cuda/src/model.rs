@@ -71,12 +71,43 @@ struct Scratch {
     rl: DevBuf,      // [T, E+1] f32 router logits
     idx: DevBuf,     // [T, K] i32
     wts: DevBuf,     // [T, K+1] f32
-    moe_h: DevBuf,   // [T, K+1, max(F, Fs)] bf16
+    moe_h: DevBuf,   // [K+1, max(F, Fs)] bf16 (decode; prefill runs grouped)
     logits: DevBuf,  // [V] f32
     next: DevBuf,    // [1] i32 sampled token
     counter: DevBuf, // [1] u32 blocks done, for kernels whose last block finishes the job
     gdn: DevBuf,     // per-chunk records of the chunked GDN prefill
     att: DevBuf,     // split-K partials of the decode attention
+    grouped: Grouped,
+}
+
+/// Prefill MoE as grouped GEMMs: the chunk's (token, slot) pairs sorted by expert.
+struct Grouped {
+    counts: DevBuf,  // [E] i32 pairs per expert
+    offsets: DevBuf, // [E] i32 first row of each expert's block
+    rowmap: DevBuf,  // [T*K] i32 row of each pair
+    src: DevBuf,     // [T*K] i32 token of each row
+    xs: DevBuf,      // [T*K, D] bf16 gathered inputs
+    ys: DevBuf,      // [T*K, max(2F, D)] f32 gate|up products, then down products
+    hs: DevBuf,      // [T*K, F] bf16 silu(gate) * up
+    ysh: DevBuf,     // [T, 2Fs] f32 shared expert gate|up
+    hsh: DevBuf,     // [T, Fs] bf16
+    osh: DevBuf,     // [T, D] f32 shared expert output
+}
+
+/// Bytes of the grouped-GEMM MoE buffers for chunks of `t` tokens.
+fn grouped_bytes(cfg: &Config, t: usize) -> usize {
+    let (d, e, k, f, fs) = (
+        cfg.hidden_size,
+        cfg.num_experts,
+        cfg.num_experts_per_tok,
+        cfg.moe_intermediate_size,
+        cfg.shared_expert_intermediate_size,
+    );
+    let pairs = t * k;
+    2 * e * 4 + 2 * pairs * 4 + pairs * d * 2 + pairs * (2 * f).max(d) * 4 + pairs * f * 2
+        + t * 2 * fs * 4
+        + t * fs * 2
+        + t * d * 4
 }
 
 pub struct CudaModel {
@@ -131,14 +162,15 @@ pub fn memory_estimate(cfg: &Config, opts: &CudaOptions) -> (usize, usize, usize
         + t * (e + 1) * 4
         + t * kk * 4
         + t * (kk + 1) * 4
-        + t * (kk + 1) * fmax * 2
+        + (kk + 1) * fmax * 2
         + cfg.vocab_size * 4
         + crate::gdn::gdn_chunked_scratch_bytes(t, hv, dv)
         + crate::attention::attention_decode_scratch_bytes(
             hq,
             dh,
             crate::attention::attention_decode_splits(opts.max_seq),
-        );
+        )
+        + grouped_bytes(cfg, t);
     (weight_bytes(cfg), state, act)
 }
 
@@ -277,7 +309,7 @@ impl CudaModel {
             rl: gpu.alloc(t * (e + 1) * 4)?,
             idx: gpu.alloc(t * k * 4)?,
             wts: gpu.alloc(t * (k + 1) * 4)?,
-            moe_h: gpu.alloc(t * (k + 1) * fmax * 2)?,
+            moe_h: gpu.alloc((k + 1) * fmax * 2)?,
             logits: gpu.alloc(cfg.vocab_size * 4)?,
             next: gpu.alloc(4)?,
             counter: {
@@ -291,6 +323,22 @@ impl CudaModel {
                 dh,
                 crate::attention::attention_decode_splits(o.max_seq),
             ))?,
+            grouped: {
+                let (f, fs) = (cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size);
+                let pairs = t * k;
+                Grouped {
+                    counts: gpu.alloc(e * 4)?,
+                    offsets: gpu.alloc(e * 4)?,
+                    rowmap: gpu.alloc(pairs * 4)?,
+                    src: gpu.alloc(pairs * 4)?,
+                    xs: gpu.alloc(pairs * d * 2)?,
+                    ys: gpu.alloc(pairs * (2 * f).max(d) * 4)?,
+                    hs: gpu.alloc(pairs * f * 2)?,
+                    ysh: gpu.alloc(t * 2 * fs * 4)?,
+                    hsh: gpu.alloc(t * fs * 2)?,
+                    osh: gpu.alloc(t * d * 4)?,
+                }
+            },
         })
     }
 
@@ -622,6 +670,128 @@ impl CudaModel {
         self.mark("gdn out proj", w.out.bytes as u64)
     }
 
+    /// Prefill experts: sort the chunk's (token, slot) pairs by expert, run
+    /// each expert's rows through cuBLAS (gate|up, SiLU, down), the shared
+    /// expert over all tokens, then add the weighted sum into the residual.
+    /// Each expert's weights are read once per chunk instead of once per token.
+    fn moe_grouped(&self, lw: &DevLayer, t: usize) -> Result<()> {
+        let (cfg, g, s) = (&self.cfg, &self.gpu, &self.s);
+        let gr = &s.grouped;
+        let (d, e, k, f, fs) = (
+            cfg.hidden_size,
+            cfg.num_experts,
+            cfg.num_experts_per_tok,
+            cfg.moe_intermediate_size,
+            cfg.shared_expert_intermediate_size,
+        );
+        let pairs = t * k;
+        g.zero(gr.counts.ptr, e * 4)?;
+        g.launch(
+            "moe_count_kernel",
+            (pairs.div_ceil(256) as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[Arg::Ptr(s.idx.ptr), Arg::I32(pairs as i32), Arg::Ptr(gr.counts.ptr)],
+        )?;
+        // the GEMM sizes are needed on the host: one sync per layer of a prefill chunk
+        let counts: Vec<i32> = g.download(gr.counts.ptr, e)?;
+        let mut offsets = Vec::with_capacity(e);
+        let mut acc = 0i32;
+        for c in &counts {
+            offsets.push(acc);
+            acc += c;
+        }
+        g.upload(gr.offsets.ptr, &offsets)?;
+        g.launch(
+            "moe_assign_kernel",
+            (e as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(s.idx.ptr),
+                Arg::I32(pairs as i32),
+                Arg::I32(k as i32),
+                Arg::Ptr(gr.offsets.ptr),
+                Arg::Ptr(gr.rowmap.ptr),
+                Arg::Ptr(gr.src.ptr),
+            ],
+        )?;
+        g.launch(
+            "moe_gather_kernel",
+            (pairs as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(s.h.ptr),
+                Arg::Ptr(gr.src.ptr),
+                Arg::Ptr(gr.xs.ptr),
+                Arg::I32(d as i32),
+            ],
+        )?;
+        for (x, (&c, &o)) in counts.iter().zip(&offsets).enumerate() {
+            if c == 0 {
+                continue;
+            }
+            let (c, o) = (c as usize, o as usize);
+            g.gemm_bf16_f32(
+                gr.xs.at(o * d * 2),
+                lw.gate_up.at(x * 2 * f * d * 2),
+                gr.ys.at(o * 2 * f * 4),
+                c,
+                2 * f,
+                d,
+            )?;
+        }
+        self.silu_mul(gr.ys.ptr, gr.hs.ptr, pairs, f)?;
+        for (x, (&c, &o)) in counts.iter().zip(&offsets).enumerate() {
+            if c == 0 {
+                continue;
+            }
+            let (c, o) = (c as usize, o as usize);
+            g.gemm_bf16_f32(
+                gr.hs.at(o * f * 2),
+                lw.down.at(x * d * f * 2),
+                gr.ys.at(o * d * 4),
+                c,
+                d,
+                f,
+            )?;
+        }
+        g.gemm_bf16_f32(s.h.ptr, lw.shared_gate_up.ptr, gr.ysh.ptr, t, 2 * fs, d)?;
+        self.silu_mul(gr.ysh.ptr, gr.hsh.ptr, t, fs)?;
+        g.gemm_bf16_f32(gr.hsh.ptr, lw.shared_down.ptr, gr.osh.ptr, t, d, fs)?;
+        g.launch(
+            "moe_combine_kernel",
+            (t as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(gr.ys.ptr),
+                Arg::Ptr(gr.osh.ptr),
+                Arg::Ptr(gr.rowmap.ptr),
+                Arg::Ptr(s.wts.ptr),
+                Arg::Ptr(s.x.ptr),
+                Arg::I32(d as i32),
+                Arg::I32(k as i32),
+            ],
+        )
+    }
+
+    fn silu_mul(&self, y: u64, out: u64, rows: usize, f: usize) -> Result<()> {
+        self.gpu.launch(
+            "moe_silu_mul_kernel",
+            (((rows * f).div_ceil(256)).min(65_535) as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(y),
+                Arg::Ptr(out),
+                Arg::U64(rows as u64),
+                Arg::I32(f as i32),
+            ],
+        )
+    }
+
     /// A mixer's output projection h[T, k] -> delta[T, D]; for one decode
     /// token with the residual add and `post_norm` fused in (x += delta,
     /// h = norm(x)), which prefill runs as its own kernel.
@@ -698,10 +868,14 @@ impl CudaModel {
             )?;
         }
         self.mark("moe router", lw.router.bytes as u64)?;
+        if t > 1 {
+            self.moe_grouped(lw, t)?;
+            return self.mark("moe experts", moe_expert_bytes(cfg));
+        }
         let fmax = f.max(fs);
         g.launch(
             "moe_gate_up_kernel",
-            (fmax.div_ceil(8) as u32, (k + 1) as u32, t as u32),
+            (fmax.div_ceil(8) as u32, (k + 1) as u32, 1),
             (256, 1, 1),
             0,
             &[
@@ -716,49 +890,29 @@ impl CudaModel {
                 Arg::I32(k as i32),
             ],
         )?;
-        if t == 1 {
-            g.launch(
-                "moe_down_norm_kernel",
-                (d.div_ceil(8) as u32, 1, 1),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(s.moe_h.ptr),
-                    Arg::Ptr(lw.down.ptr),
-                    Arg::Ptr(lw.shared_down.ptr),
-                    Arg::Ptr(s.idx.ptr),
-                    Arg::Ptr(s.wts.ptr),
-                    Arg::Ptr(s.x.ptr),
-                    Arg::I32(d as i32),
-                    Arg::I32(f as i32),
-                    Arg::I32(fs as i32),
-                    Arg::I32(k as i32),
-                    Arg::Ptr(next_norm.ptr),
-                    Arg::Ptr(s.h.ptr),
-                    Arg::F32(cfg.rms_norm_eps),
-                    Arg::Ptr(s.counter.ptr),
-                ],
-            )?;
-        } else {
-            g.launch(
-                "moe_down_kernel",
-                (d.div_ceil(8) as u32, t as u32, 1),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(s.moe_h.ptr),
-                    Arg::Ptr(lw.down.ptr),
-                    Arg::Ptr(lw.shared_down.ptr),
-                    Arg::Ptr(s.idx.ptr),
-                    Arg::Ptr(s.wts.ptr),
-                    Arg::Ptr(s.x.ptr),
-                    Arg::I32(d as i32),
-                    Arg::I32(f as i32),
-                    Arg::I32(fs as i32),
-                    Arg::I32(k as i32),
-                ],
-            )?;
-        }
+        // one decode token: the next RMSNorm fused into the down product
+        g.launch(
+            "moe_down_norm_kernel",
+            (d.div_ceil(8) as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(s.moe_h.ptr),
+                Arg::Ptr(lw.down.ptr),
+                Arg::Ptr(lw.shared_down.ptr),
+                Arg::Ptr(s.idx.ptr),
+                Arg::Ptr(s.wts.ptr),
+                Arg::Ptr(s.x.ptr),
+                Arg::I32(d as i32),
+                Arg::I32(f as i32),
+                Arg::I32(fs as i32),
+                Arg::I32(k as i32),
+                Arg::Ptr(next_norm.ptr),
+                Arg::Ptr(s.h.ptr),
+                Arg::F32(cfg.rms_norm_eps),
+                Arg::Ptr(s.counter.ptr),
+            ],
+        )?;
         self.mark("moe experts", moe_expert_bytes(cfg))
     }
 
