@@ -104,7 +104,11 @@ fn grouped_bytes(cfg: &Config, t: usize) -> usize {
         cfg.shared_expert_intermediate_size,
     );
     let pairs = t * k;
-    2 * e * 4 + 2 * pairs * 4 + pairs * d * 2 + pairs * (2 * f).max(d) * 4 + pairs * f * 2
+    2 * e * 4
+        + 2 * pairs * 4
+        + pairs * d * 2
+        + pairs * (2 * f).max(d) * 4
+        + pairs * f * 2
         + t * 2 * fs * 4
         + t * fs * 2
         + t * d * 4
@@ -324,7 +328,10 @@ impl CudaModel {
                 crate::attention::attention_decode_splits(o.max_seq),
             ))?,
             grouped: {
-                let (f, fs) = (cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size);
+                let (f, fs) = (
+                    cfg.moe_intermediate_size,
+                    cfg.shared_expert_intermediate_size,
+                );
                 let pairs = t * k;
                 Grouped {
                     counts: gpu.alloc(e * 4)?,
@@ -691,7 +698,11 @@ impl CudaModel {
             (pairs.div_ceil(256) as u32, 1, 1),
             (256, 1, 1),
             0,
-            &[Arg::Ptr(s.idx.ptr), Arg::I32(pairs as i32), Arg::Ptr(gr.counts.ptr)],
+            &[
+                Arg::Ptr(s.idx.ptr),
+                Arg::I32(pairs as i32),
+                Arg::Ptr(gr.counts.ptr),
+            ],
         )?;
         // the GEMM sizes are needed on the host: one sync per layer of a prefill chunk
         let counts: Vec<i32> = g.download(gr.counts.ptr, e)?;
@@ -934,7 +945,7 @@ impl CudaModel {
     }
 
     fn mark(&self, name: &'static str, bytes: u64) -> Result<()> {
-        self.prof.mark(self.gpu.stream.cu_stream(), name, bytes)
+        self.prof.mark(&self.gpu.stream, name, bytes)
     }
 
     /// The position a profiled step runs at (for the KV bytes it reads).
@@ -1098,7 +1109,7 @@ impl CudaModel {
             .map_err(|e| anyhow::anyhow!("starting the decode graph capture: {e:?}"))?;
         let recorded = self
             .prof
-            .mark_start(stream.cu_stream())
+            .mark_start(stream)
             .and_then(|_| self.layers(st, 1))
             .and_then(|_| self.lm_head_decode());
         // end the capture even when recording failed, or the stream stays capturing

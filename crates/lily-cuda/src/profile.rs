@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use anyhow::{anyhow, Result};
-use cudarc::driver::{result::event, sys};
+use cudarc::driver::{result::event, sys, CudaStream};
 
 /// One kernel group summed over the layers of a step.
 #[derive(Clone, Debug)]
@@ -47,14 +47,15 @@ impl Recorder {
     }
 
     /// Record an event on `stream` closing group `name`, when profiling.
-    pub fn mark(&self, stream: sys::CUstream, name: &'static str, bytes: u64) -> Result<()> {
+    pub fn mark(&self, stream: &CudaStream, name: &'static str, bytes: u64) -> Result<()> {
         let mut g = self.0.lock().unwrap();
         let Some(m) = g.as_mut() else { return Ok(()) };
         let e = m
             .pool
             .pop()
             .ok_or_else(|| anyhow!("profile: more groups than events"))?;
-        unsafe { event::record(e, stream) }.map_err(|e| anyhow!("cuEventRecord: {e:?}"))?;
+        unsafe { event::record(e, stream.cu_stream()) }
+            .map_err(|e| anyhow!("cuEventRecord: {e:?}"))?;
         m.marks.push((name, bytes, e));
         Ok(())
     }
@@ -70,14 +71,15 @@ impl Recorder {
         Ok(())
     }
 
-    pub fn mark_start(&self, stream: sys::CUstream) -> Result<()> {
+    pub fn mark_start(&self, stream: &CudaStream) -> Result<()> {
         let mut g = self.0.lock().unwrap();
         let Some(m) = g.as_mut() else { return Ok(()) };
         let e = m
             .pool
             .pop()
             .ok_or_else(|| anyhow!("profile: no event left"))?;
-        unsafe { event::record(e, stream) }.map_err(|e| anyhow!("cuEventRecord: {e:?}"))?;
+        unsafe { event::record(e, stream.cu_stream()) }
+            .map_err(|e| anyhow!("cuEventRecord: {e:?}"))?;
         m.start = Some(e);
         Ok(())
     }

@@ -39,12 +39,15 @@
 //!   |new - old| <= 2^-7 max(|new|, |old|) + 1e-4 max|ref|, and relative L2
 //!   <= 1e-2.
 
+mod support;
+
 use half::bf16;
 use lily_cuda::attention::{
     attention_decode, attention_decode_scratch_bytes, attention_decode_splits,
     ATTENTION_DECODE_MAX_SPLITS,
 };
 use lily_cuda::gpu::{Arg, DevBuf, Gpu};
+use support::{from_bf16_bits, gpu};
 
 const HQ: usize = 16;
 const HKV: usize = 2;
@@ -54,15 +57,6 @@ const MAX_SEQ: usize = 40_000;
 const TOL_REL_L2: f64 = 1e-2;
 const TOL_ELEM_REL: f64 = 1.0 / 128.0;
 const TOL_ELEM_ABS_FRAC: f64 = 1e-4;
-
-fn gpu() -> Option<Gpu> {
-    if let Err(e) = lily_cuda::gpu::cuda_available() {
-        eprintln!("skipping: no CUDA ({e})");
-        return None;
-    }
-    // libcuda is here: a failure now is a failure, not a skip.
-    Some(Gpu::new(0).unwrap_or_else(|e| panic!("CUDA present but unusable: {e:#}")))
-}
 
 /// splitmix64: seeded, reproducible.
 struct Rng(u64);
@@ -114,13 +108,7 @@ fn cache(n: usize, seed: u64) -> Cache {
     for x in &mut v[..n * row] {
         *x = bf16::from_f32(rng.sym(1.0)).to_bits();
     }
-    let widen = |x: &[u16]| -> Vec<f32> {
-        x[..n * row]
-            .iter()
-            .map(|&b| bf16::from_bits(b).to_f32())
-            .collect()
-    };
-    let (kf, vf) = (widen(&k), widen(&v));
+    let (kf, vf) = (from_bf16_bits(&k[..n * row]), from_bf16_bits(&v[..n * row]));
     Cache { n, k, v, kf, vf }
 }
 
@@ -272,11 +260,7 @@ fn device(g: &Gpu, c: &Cache) -> Dev {
 }
 
 fn download_bf16(g: &Gpu, b: &DevBuf) -> Vec<f32> {
-    g.download::<u16>(b.ptr, HQ * DH)
-        .unwrap()
-        .into_iter()
-        .map(|x| bf16::from_bits(x).to_f32())
-        .collect()
+    from_bf16_bits(&g.download::<u16>(b.ptr, HQ * DH).unwrap())
 }
 
 fn run_decode(g: &Gpu, d: &Dev, splits: usize, gated: bool) -> Vec<f32> {

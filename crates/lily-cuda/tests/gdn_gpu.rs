@@ -23,72 +23,44 @@
 //! `gdn_recurrent_kernel` + `gated_rmsnorm_kernel`; its tolerances are at
 //! `TOL_DEC_*`.
 
-use lily_cpu::ops::gdn::{l2norm_rows, GdnCore, GdnForm};
+mod support;
+
 use lily_cpu::ops::norm::gated_rmsnorm;
-use lily_cpu::ops::{sigmoid, softplus};
 use lily_cuda::gdn::{
     gdn_chunk_record_floats, gdn_chunked_prefill, gdn_chunked_scratch_bytes, gdn_decode,
     gdn_decode_check, GDN_DECODE_DV, GDN_DK,
 };
 use lily_cuda::gpu::{Arg, Gpu};
-use lily_model::tensor::Procedural;
 use lily_model::DType;
+use support::{
+    from_bf16_bits, gdn_cpu_reference, gpu, launch_gdn_recurrent, random_nonzero, rel_l2, GdnDims,
+    GdnInputs,
+};
 
 const HK: usize = 16;
 const HV: usize = 32;
 const DK: usize = 128;
 const DV: usize = 128;
 const C: usize = 2 * HK * DK + HV * DV;
+const DIMS: GdnDims = GdnDims {
+    hk: HK,
+    hv: HV,
+    dk: DK,
+    dv: DV,
+};
 const TOL_O: f64 = 1e-4;
 const TOL_S: f64 = 1e-4;
 
-fn gpu() -> Option<Gpu> {
-    if let Err(e) = lily_cuda::gpu::cuda_available() {
-        eprintln!("skipping: no CUDA ({e})");
-        return None;
-    }
-    // libcuda is here: a failure now is a failure, not a skip.
-    Some(Gpu::new(0).unwrap_or_else(|e| panic!("CUDA present but unusable: {e:#}")))
-}
-
-/// `n` values uniform in [mean - std*sqrt3, mean + std*sqrt3) (bf16-rounded),
-/// an exact zero nudged away.
-fn random(n: usize, seed: u64, mean: f32, std: f32) -> Vec<f32> {
-    let p = Procedural { seed, mean, std };
-    (0..n as u64)
-        .map(|i| p.value(i))
-        .map(|x| if x == 0.0 { 1e-3 } else { x })
-        .collect()
-}
-
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (num / den).sqrt()
-}
-
-/// Inputs of one GDN layer's core for `t` tokens, as the kernels take them.
-struct Inputs {
-    t: usize,
-    /// [t, C] post-conv q | k | v, ~uniform with unit variance
-    conv: Vec<f32>,
-    /// [t, 2*Hv] b | a
-    ba: Vec<f32>,
-    a_log: Vec<f32>,
-    dt_bias: Vec<f32>,
-    /// [Hv, Dk, Dv]
-    s0: Vec<f32>,
-}
-
-fn inputs(t: usize, seed: u64) -> Inputs {
-    let conv = random(t * C, seed, 0.0, 1.0);
-    let a_log = random(HV, seed + 1, 0.0, 0.3);
-    let dt_bias = random(HV, seed + 2, 0.0, 0.6);
+/// Random inputs of `t` tokens: unit-variance conv rows, beta = sigmoid(b) in
+/// 0.1 .. 0.9, per-token decays in 0.5 .. 0.999, a random initial state.
+fn inputs(t: usize, seed: u64) -> GdnInputs {
+    let conv = random_nonzero(t * C, seed, 0.0, 1.0);
+    let a_log = random_nonzero(HV, seed + 1, 0.0, 0.3);
+    let dt_bias = random_nonzero(HV, seed + 2, 0.0, 0.6);
     // beta = sigmoid(b) uniform in 0.1 .. 0.9
-    let beta = random(t * HV, seed + 3, 0.5, 0.8 / 12f32.sqrt());
+    let beta = random_nonzero(t * HV, seed + 3, 0.5, 0.8 / 12f32.sqrt());
     // per-token decay exp(g) uniform in 0.5 .. 0.999, through a = softplus^-1(-ln(decay) / exp(a_log)) - dt_bias
-    let decay = random(t * HV, seed + 4, 0.7495, 0.499 / 12f32.sqrt());
+    let decay = random_nonzero(t * HV, seed + 4, 0.7495, 0.499 / 12f32.sqrt());
     let mut ba = vec![0f32; t * 2 * HV];
     for ti in 0..t {
         for j in 0..HV {
@@ -99,8 +71,8 @@ fn inputs(t: usize, seed: u64) -> Inputs {
             ba[ti * 2 * HV + HV + j] = (sp.exp_m1().ln() - dt_bias[j] as f64) as f32;
         }
     }
-    let s0 = random(HV * DK * DV, seed + 5, 0.0, 0.5);
-    Inputs {
+    let s0 = random_nonzero(HV * DK * DV, seed + 5, 0.0, 0.5);
+    GdnInputs {
         t,
         conv,
         ba,
@@ -108,48 +80,6 @@ fn inputs(t: usize, seed: u64) -> Inputs {
         dt_bias,
         s0,
     }
-}
-
-/// The CPU reference, its inputs built exactly as `lily_cpu::ops::gdn::gdn`
-/// builds them (f32 throughout): (o [t, Hv, Dv], final state).
-fn cpu_reference(x: &Inputs) -> (Vec<f32>, Vec<f32>) {
-    let t = x.t;
-    let beta: Vec<f32> = (0..t * HV)
-        .map(|i| sigmoid(x.ba[(i / HV) * 2 * HV + i % HV]))
-        .collect();
-    let g: Vec<f32> = (0..t * HV)
-        .map(|i| {
-            let j = i % HV;
-            -x.a_log[j].exp() * softplus(x.ba[(i / HV) * 2 * HV + HV + j] + x.dt_bias[j])
-        })
-        .collect();
-    let (kd, vd) = (HK * DK, HV * DV);
-    let mut q = vec![0f32; t * kd];
-    let mut k = vec![0f32; t * kd];
-    let mut v = vec![0f32; t * vd];
-    for ti in 0..t {
-        let row = &x.conv[ti * C..(ti + 1) * C];
-        q[ti * kd..(ti + 1) * kd].copy_from_slice(&row[..kd]);
-        k[ti * kd..(ti + 1) * kd].copy_from_slice(&row[kd..2 * kd]);
-        v[ti * vd..(ti + 1) * vd].copy_from_slice(&row[2 * kd..]);
-    }
-    l2norm_rows(&mut q, DK, (DK as f32).powf(-0.5));
-    l2norm_rows(&mut k, DK, 1.0);
-    let core = GdnCore {
-        t,
-        hk: HK,
-        hv: HV,
-        dk: DK,
-        dv: DV,
-        q: &q,
-        k: &k,
-        v: &v,
-        g: &g,
-        beta: &beta,
-    };
-    let mut s = x.s0.clone();
-    let o = core.run(&mut s, GdnForm::Recurrent);
-    (o, s)
 }
 
 /// How the chunked launcher gets its scratch.
@@ -164,7 +94,7 @@ enum Scratch {
 }
 
 /// (o, final state) of the chunked kernels, or of `gdn_recurrent_kernel`.
-fn run_gpu(g: &Gpu, x: &Inputs, chunked: Option<Scratch>) -> (Vec<f32>, Vec<f32>) {
+fn run_gpu(g: &Gpu, x: &GdnInputs, chunked: Option<Scratch>) -> (Vec<f32>, Vec<f32>) {
     let t = x.t;
     let conv = g.upload_new(&x.conv).unwrap();
     let ba = g.upload_new(&x.ba).unwrap();
@@ -199,25 +129,12 @@ fn run_gpu(g: &Gpu, x: &Inputs, chunked: Option<Scratch>) -> (Vec<f32>, Vec<f32>
             g.sync().unwrap();
         }
         None => {
-            g.launch(
-                "gdn_recurrent_kernel",
-                (HV as u32, (DV / 32) as u32, 1),
-                (32, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(conv.ptr),
-                    Arg::Ptr(ba.ptr),
-                    Arg::Ptr(a_log.ptr),
-                    Arg::Ptr(dt_bias.ptr),
-                    Arg::Ptr(s.ptr),
-                    Arg::Ptr(o.ptr),
-                    Arg::I32(t as i32),
-                    Arg::I32(HK as i32),
-                    Arg::I32(HV as i32),
-                    Arg::I32(DV as i32),
-                ],
-            )
-            .unwrap();
+            launch_gdn_recurrent(
+                g,
+                DIMS,
+                t,
+                [conv.ptr, ba.ptr, a_log.ptr, dt_bias.ptr, s.ptr, o.ptr],
+            );
             g.sync().unwrap();
         }
     }
@@ -229,7 +146,7 @@ fn run_gpu(g: &Gpu, x: &Inputs, chunked: Option<Scratch>) -> (Vec<f32>, Vec<f32>
 
 fn check(g: &Gpu, t: usize, seed: u64, how: Scratch) {
     let x = inputs(t, seed);
-    let (o_cpu, s_cpu) = cpu_reference(&x);
+    let (o_cpu, s_cpu) = gdn_cpu_reference(DIMS, &x);
     let (o_rec, s_rec) = run_gpu(g, &x, None);
     let (o_chk, s_chk) = run_gpu(g, &x, Some(how));
     assert!(
@@ -289,7 +206,7 @@ fn chunked_detects_a_wrong_state() {
     let Some(g) = gpu() else { return };
     let x = inputs(65, 7);
     let mut y = inputs(65, 7);
-    y.s0 = random(HV * DK * DV, 8, 0.0, 0.5);
+    y.s0 = random_nonzero(HV * DK * DV, 8, 0.0, 0.5);
     let (o_x, _) = run_gpu(&g, &x, Some(Scratch::Own));
     let (o_y, _) = run_gpu(&g, &y, Some(Scratch::Own));
     assert!(rel_l2(&o_y, &o_x) > 1e-2);
@@ -323,7 +240,7 @@ const STEPS: usize = 6;
 /// a random non-zero initial state) plus the output gate z [steps, Hv*Dv] and
 /// the gated-norm weight [Dv].
 struct DecodeInputs {
-    x: Inputs,
+    x: GdnInputs,
     z: Vec<f32>,
     norm_w: Vec<f32>,
 }
@@ -331,15 +248,9 @@ struct DecodeInputs {
 fn decode_inputs(steps: usize, seed: u64) -> DecodeInputs {
     DecodeInputs {
         x: inputs(steps, seed),
-        z: random(steps * HV * DV, seed + 6, 0.0, 1.5),
-        norm_w: random(DV, seed + 7, 1.0, 0.3),
+        z: random_nonzero(steps * HV * DV, seed + 6, 0.0, 1.5),
+        norm_w: random_nonzero(DV, seed + 7, 1.0, 0.3),
     }
-}
-
-fn bf16s_to_f32(v: &[u16]) -> Vec<f32> {
-    v.iter()
-        .map(|b| f32::from_bits((*b as u32) << 16))
-        .collect()
 }
 
 /// The CPU composition, step by step: per step (out [Hv*Dv] in f32, state after it).
@@ -348,7 +259,7 @@ fn cpu_decode(d: &DecodeInputs) -> Vec<(Vec<f32>, Vec<f32>)> {
     let mut s = x.s0.clone();
     let mut steps = Vec::new();
     for t in 0..x.t {
-        let one = Inputs {
+        let one = GdnInputs {
             t: 1,
             conv: x.conv[t * C..(t + 1) * C].to_vec(),
             ba: x.ba[t * 2 * HV..(t + 1) * 2 * HV].to_vec(),
@@ -356,7 +267,7 @@ fn cpu_decode(d: &DecodeInputs) -> Vec<(Vec<f32>, Vec<f32>)> {
             dt_bias: x.dt_bias.clone(),
             s0: s,
         };
-        let (o, s1) = cpu_reference(&one);
+        let (o, s1) = gdn_cpu_reference(DIMS, &one);
         let z = &d.z[t * HV * DV..(t + 1) * HV * DV];
         let out = gated_rmsnorm(&o, z, &d.norm_w, EPS, DType::F32);
         steps.push((out, s1.clone()));
@@ -406,25 +317,12 @@ fn gpu_decode(g: &Gpu, d: &DecodeInputs, fused: bool) -> Vec<(Vec<f32>, Vec<f32>
             )
             .unwrap();
         } else {
-            g.launch(
-                "gdn_recurrent_kernel",
-                (HV as u32, (DV / 32) as u32, 1),
-                (32, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(conv.ptr),
-                    Arg::Ptr(ba.ptr),
-                    Arg::Ptr(a_log.ptr),
-                    Arg::Ptr(dt_bias.ptr),
-                    Arg::Ptr(s.ptr),
-                    Arg::Ptr(o.ptr),
-                    Arg::I32(1),
-                    Arg::I32(HK as i32),
-                    Arg::I32(HV as i32),
-                    Arg::I32(DV as i32),
-                ],
-            )
-            .unwrap();
+            launch_gdn_recurrent(
+                g,
+                DIMS,
+                1,
+                [conv.ptr, ba.ptr, a_log.ptr, dt_bias.ptr, s.ptr, o.ptr],
+            );
             g.launch(
                 "gated_rmsnorm_kernel",
                 (HV as u32, 1, 1),
@@ -443,7 +341,10 @@ fn gpu_decode(g: &Gpu, d: &DecodeInputs, fused: bool) -> Vec<(Vec<f32>, Vec<f32>
         }
         g.sync().unwrap();
         let o16: Vec<u16> = g.download(out.ptr, HV * DV).unwrap();
-        steps.push((bf16s_to_f32(&o16), g.download(s.ptr, HV * DK * DV).unwrap()));
+        steps.push((
+            from_bf16_bits(&o16),
+            g.download(s.ptr, HV * DK * DV).unwrap(),
+        ));
     }
     steps
 }
@@ -505,7 +406,7 @@ fn decode_output_depends_on_the_state() {
     let Some(g) = gpu() else { return };
     let d = decode_inputs(1, 11);
     let mut e = decode_inputs(1, 11);
-    e.x.s0 = random(HV * DK * DV, 12, 0.0, 0.5);
+    e.x.s0 = random_nonzero(HV * DK * DV, 12, 0.0, 0.5);
     let (a, b) = (gpu_decode(&g, &d, true), gpu_decode(&g, &e, true));
     assert!(rel_l2(&b[0].0, &a[0].0) > 1e-2);
 }

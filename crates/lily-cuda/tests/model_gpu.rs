@@ -8,45 +8,16 @@
 //! rounding (relative L2 ~3e-3); whole-model logits by the accumulation of
 //! that over the layers.
 
+mod support;
+
 use lily_cpu::ops::linear::linear;
 use lily_cpu::{CpuModel, Logits};
-use lily_cuda::gpu::{Arg, Gpu};
+use lily_cuda::gpu::Arg;
 use lily_cuda::{CudaModel, CudaOptions};
 use lily_model::tensor::{Procedural, Tensor};
 use lily_model::{Mat, ModelSource};
 use std::sync::Arc;
-
-fn gpu() -> Option<Gpu> {
-    if let Err(e) = lily_cuda::gpu::cuda_available() {
-        eprintln!("skipping: no CUDA ({e})");
-        return None;
-    }
-    // libcuda is here: a failure now (a kernel that does not compile, no
-    // device) is a failure, not a skip.
-    Some(Gpu::new(0).unwrap_or_else(|e| panic!("CUDA present but unusable: {e:#}")))
-}
-
-/// Fresh random values (never zeros): a seeded generator per call site.
-fn random(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let p = Procedural {
-        seed,
-        mean: 0.0,
-        std: scale,
-    };
-    (0..n as u64).map(|i| p.value(i)).collect()
-}
-
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (num / den).sqrt()
-}
-
-fn bf16_bits(v: &[f32]) -> Vec<u16> {
-    v.iter()
-        .map(|x| half::bf16::from_f32(*x).to_bits())
-        .collect()
-}
+use support::{bf16_bits, from_bf16_bits, gpu, procedural_fill, random, rel_l2, round_bf16};
 
 fn procedural_mat(rows: usize, cols: usize, seed: u64, std: f32) -> Mat {
     Mat::whole(Arc::new(Tensor::procedural(
@@ -69,21 +40,7 @@ fn procedural_weights_are_bit_identical_to_the_cpu() {
         lily_model::tensor::Storage::Procedural(p) => *p,
         _ => unreachable!(),
     };
-    g.launch(
-        "procedural_fill_kernel",
-        (1024, 1, 1),
-        (256, 1, 1),
-        0,
-        &[
-            Arg::Ptr(buf.ptr),
-            Arg::U64(n as u64),
-            Arg::U64(start as u64),
-            Arg::U64(proc_.seed),
-            Arg::F32(proc_.mean),
-            Arg::F32(proc_.std),
-        ],
-    )
-    .unwrap();
+    procedural_fill(&g, buf.ptr, proc_, start, n);
     let got: Vec<u16> = g.download(buf.ptr, n).unwrap();
     let mut want = vec![0f32; n];
     m.t.read_f32(start, &mut want);
@@ -114,27 +71,10 @@ fn gemv_and_gemm_match_the_cpu() {
             lily_model::tensor::Storage::Procedural(p) => *p,
             _ => unreachable!(),
         };
-        g.launch(
-            "procedural_fill_kernel",
-            (1024, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(wbuf.ptr),
-                Arg::U64((n * k) as u64),
-                Arg::U64(0),
-                Arg::U64(p.seed),
-                Arg::F32(p.mean),
-                Arg::F32(p.std),
-            ],
-        )
-        .unwrap();
+        procedural_fill(&g, wbuf.ptr, p, 0, n * k);
         for t in [1usize, 37] {
             // inputs rounded to bf16 first, so the oracle sees what the GPU sees
-            let x: Vec<f32> = random(t * k, 7 + t as u64, 1.0)
-                .iter()
-                .map(|v| half::bf16::from_f32(*v).to_f32())
-                .collect();
+            let x = round_bf16(&random(t * k, 7 + t as u64, 0.0, 1.0));
             let xbuf = g.upload_new(&bf16_bits(&x)).unwrap();
             let ybuf = g.alloc(t * n * 4).unwrap();
             if t == 1 {
@@ -169,7 +109,7 @@ fn gemv_and_gemm_match_the_cpu() {
 fn router_topk_matches_the_cpu() {
     let Some(g) = gpu() else { return };
     let (t, e, k) = (300usize, 256usize, 8usize);
-    let logits = random(t * (e + 1), 99, 3.0);
+    let logits = random(t * (e + 1), 99, 0.0, 3.0);
     let lb = g.upload_new(&logits).unwrap();
     let idx = g.alloc(t * k * 4).unwrap();
     let wts = g.alloc(t * (k + 1) * 4).unwrap();
@@ -312,10 +252,7 @@ fn router_decode_matches_the_cpu() {
     for call in 0..3u64 {
         let w = procedural_mat(e + 1, d, 500 + call, 4.0 / (d as f32).sqrt());
         let wbits = bf16_bits(&w.t.to_f32_vec());
-        let x: Vec<f32> = random(d, 600 + call, 1.0)
-            .iter()
-            .map(|v| half::bf16::from_f32(*v).to_f32())
-            .collect();
+        let x = round_bf16(&random(d, 600 + call, 0.0, 1.0));
         let wb = g.upload_new(&wbits).unwrap();
         let xb = g.upload_new(&bf16_bits(&x)).unwrap();
         g.launch(
@@ -368,10 +305,7 @@ fn gemv3_matches_the_cpu() {
     let Some(g) = gpu() else { return };
     let k = 2048usize;
     let ns = [8192usize, 4096, 64];
-    let x: Vec<f32> = random(k, 700, 1.0)
-        .iter()
-        .map(|v| half::bf16::from_f32(*v).to_f32())
-        .collect();
+    let x = round_bf16(&random(k, 700, 0.0, 1.0));
     let xb = g.upload_new(&bf16_bits(&x)).unwrap();
     let ws: Vec<Mat> = ns
         .iter()
@@ -421,12 +355,12 @@ fn gemv_add_norm_matches_the_cpu() {
     let delta = g.alloc(d * 4).unwrap();
     for call in 0..3u64 {
         let w = procedural_mat(d, k, 800 + call, 1.0 / (k as f32).sqrt());
-        let h: Vec<f32> = random(k, 810 + call, 1.0)
+        let h = round_bf16(&random(k, 810 + call, 0.0, 1.0));
+        let x0 = random(d, 820 + call, 0.0, 1.0);
+        let w1p: Vec<f32> = random(d, 830 + call, 0.0, 0.1)
             .iter()
-            .map(|v| half::bf16::from_f32(*v).to_f32())
+            .map(|v| 1.0 + v)
             .collect();
-        let x0 = random(d, 820 + call, 1.0);
-        let w1p: Vec<f32> = random(d, 830 + call, 0.1).iter().map(|v| 1.0 + v).collect();
         let wb = g.upload_new(&bf16_bits(&w.t.to_f32_vec())).unwrap();
         let hb = g.upload_new(&bf16_bits(&h)).unwrap();
         let xb = g.upload_new(&x0).unwrap();
@@ -463,10 +397,7 @@ fn gemv_add_norm_matches_the_cpu() {
             .zip(&w1p)
             .map(|(v, w)| (*v as f64 * inv * *w as f64) as f32)
             .collect();
-        let got_out: Vec<f32> = got_out
-            .iter()
-            .map(|b| half::bf16::from_bits(*b).to_f32())
-            .collect();
+        let got_out = from_bf16_bits(&got_out);
         // x: f32 sums in another order (~1e-6); out: bf16 rounding of the
         // result (relative L2 ~1e-3, at most 2^-8 per element)
         let ex = rel_l2(&got_x, &want_x);

@@ -6,49 +6,35 @@
 //! get 1e-5; kernels that write bf16 get 8e-3 (bf16 keeps 8 bits: a rounding
 //! step is 2^-9 relative, ~4e-3 RMS over random data plus the f32 reordering).
 
+mod support;
+
 use lily_cpu::ops::conv::causal_conv1d_silu;
-use lily_cpu::ops::gdn::{l2norm_rows, GdnCore, GdnForm};
 use lily_cpu::ops::norm::{gated_rmsnorm, rmsnorm1p};
 use lily_cpu::ops::rope;
-use lily_cuda::gpu::{Arg, Gpu};
+use lily_cuda::gpu::Arg;
 use lily_model::tensor::Procedural;
 use lily_model::DType;
+use support::{
+    bf16_bits, from_bf16_bits, gdn_cpu_reference, gpu, launch_gdn_recurrent, procedural_fill,
+    round_bf16, GdnDims, GdnInputs,
+};
 
-fn gpu() -> Option<Gpu> {
-    if let Err(e) = lily_cuda::gpu::cuda_available() {
-        eprintln!("skipping: no CUDA ({e})");
-        return None;
-    }
-    Some(Gpu::new(0).unwrap_or_else(|e| panic!("CUDA present but unusable: {e:#}")))
-}
-
+/// [`support::random`] of a mixed seed (this file's seeds are small integers).
 fn random(n: usize, seed: u64, mean: f32, std: f32) -> Vec<f32> {
-    let p = Procedural {
-        seed: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5A5A,
+    support::random(
+        n,
+        seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5A5A,
         mean,
         std,
-    };
-    (0..n as u64).map(|i| p.value(i)).collect()
+    )
 }
 
+/// [`support::rel_l2`], refusing an all-zero reference.
 fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let e = support::rel_l2(a, b);
     let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
     assert!(den > 0.0, "reference is all zeros");
-    (num / den).sqrt()
-}
-
-fn bf16(v: &[f32]) -> Vec<u16> {
-    v.iter()
-        .map(|x| half::bf16::from_f32(*x).to_bits())
-        .collect()
-}
-
-fn from_bf16(v: &[u16]) -> Vec<f32> {
-    v.iter()
-        .map(|x| half::bf16::from_bits(*x).to_f32())
-        .collect()
+    e
 }
 
 #[test]
@@ -87,7 +73,7 @@ fn add_rmsnorm() {
         "residual add"
     );
     let e = rel_l2(
-        &from_bf16(&g.download::<u16>(ob.ptr, t * d).unwrap()),
+        &from_bf16_bits(&g.download::<u16>(ob.ptr, t * d).unwrap()),
         &want,
     );
     assert!(e < 8e-3, "add_rmsnorm: {e}");
@@ -123,7 +109,7 @@ fn gated_rmsnorm_kernel() {
     .unwrap();
     let want = gated_rmsnorm(&o, &z, &w, 1e-6, DType::F32);
     let e = rel_l2(
-        &from_bf16(&g.download::<u16>(out.ptr, t * hv * dv).unwrap()),
+        &from_bf16_bits(&g.download::<u16>(out.ptr, t * hv * dv).unwrap()),
         &want,
     );
     assert!(e < 8e-3, "gated_rmsnorm: {e}");
@@ -171,77 +157,37 @@ fn causal_conv1d_silu_kernel() {
 fn gdn_recurrence_kernel() {
     let Some(g) = gpu() else { return };
     let (hk, hv, dk, dv) = (16usize, 32usize, 128usize, 128usize);
-    let c = 2 * hk * dk + hv * dv;
+    let dims = GdnDims { hk, hv, dk, dv };
+    let c = dims.conv_width();
     for t in [1usize, 100] {
-        let conv = random(t * c, 10 + t as u64, 0.0, 1.0);
-        let ba = random(t * 2 * hv, 11 + t as u64, 0.0, 1.0);
-        let a_log = random(hv, 12, 0.0, 0.7);
-        let dt_bias = random(hv, 13, -1.0, 0.5);
-        let s0 = random(hv * dk * dv, 14, 0.0, 0.1);
-        let bufs: Vec<_> = [&conv, &ba, &a_log, &dt_bias, &s0]
+        let x = GdnInputs {
+            t,
+            conv: random(t * c, 10 + t as u64, 0.0, 1.0),
+            ba: random(t * 2 * hv, 11 + t as u64, 0.0, 1.0),
+            a_log: random(hv, 12, 0.0, 0.7),
+            dt_bias: random(hv, 13, -1.0, 0.5),
+            s0: random(hv * dk * dv, 14, 0.0, 0.1),
+        };
+        let bufs: Vec<_> = [&x.conv, &x.ba, &x.a_log, &x.dt_bias, &x.s0]
             .iter()
             .map(|v| g.upload_new(v).unwrap())
             .collect();
         let ob = g.alloc(t * hv * dv * 4).unwrap();
-        g.launch(
-            "gdn_recurrent_kernel",
-            (hv as u32, (dv / 32) as u32, 1),
-            (32, 1, 1),
-            0,
-            &[
-                Arg::Ptr(bufs[0].ptr),
-                Arg::Ptr(bufs[1].ptr),
-                Arg::Ptr(bufs[2].ptr),
-                Arg::Ptr(bufs[3].ptr),
-                Arg::Ptr(bufs[4].ptr),
-                Arg::Ptr(ob.ptr),
-                Arg::I32(t as i32),
-                Arg::I32(hk as i32),
-                Arg::I32(hv as i32),
-                Arg::I32(dv as i32),
-            ],
-        )
-        .unwrap();
-        // the CPU reference, with its inputs built as lily_cpu::ops::gdn::gdn builds them
-        let kd = hk * dk;
-        let (mut q, mut k, mut v) = (
-            vec![0f32; t * kd],
-            vec![0f32; t * kd],
-            vec![0f32; t * hv * dv],
-        );
-        for ti in 0..t {
-            let row = &conv[ti * c..(ti + 1) * c];
-            q[ti * kd..(ti + 1) * kd].copy_from_slice(&row[..kd]);
-            k[ti * kd..(ti + 1) * kd].copy_from_slice(&row[kd..2 * kd]);
-            v[ti * hv * dv..(ti + 1) * hv * dv].copy_from_slice(&row[2 * kd..]);
-        }
-        l2norm_rows(&mut q, dk, (dk as f32).powf(-0.5));
-        l2norm_rows(&mut k, dk, 1.0);
-        let beta: Vec<f32> = (0..t * hv)
-            .map(|i| 1.0 / (1.0 + (-ba[(i / hv) * 2 * hv + i % hv]).exp()))
-            .collect();
-        let gates: Vec<f32> = (0..t * hv)
-            .map(|i| {
-                let (ti, j) = (i / hv, i % hv);
-                let a = ba[ti * 2 * hv + hv + j] + dt_bias[j];
-                let sp = if a > 20.0 { a } else { a.exp().ln_1p() };
-                -a_log[j].exp() * sp
-            })
-            .collect();
-        let core = GdnCore {
+        launch_gdn_recurrent(
+            &g,
+            dims,
             t,
-            hk,
-            hv,
-            dk,
-            dv,
-            q: &q,
-            k: &k,
-            v: &v,
-            g: &gates,
-            beta: &beta,
-        };
-        let mut s = s0.clone();
-        let want = core.run(&mut s, GdnForm::Recurrent);
+            [
+                bufs[0].ptr,
+                bufs[1].ptr,
+                bufs[2].ptr,
+                bufs[3].ptr,
+                bufs[4].ptr,
+                ob.ptr,
+            ],
+        );
+        // the CPU reference, with its inputs built as lily_cpu::ops::gdn::gdn builds them
+        let (want, s) = gdn_cpu_reference(dims, &x);
         let e = rel_l2(&g.download::<f32>(ob.ptr, t * hv * dv).unwrap(), &want);
         let es = rel_l2(&g.download::<f32>(bufs[4].ptr, hv * dk * dv).unwrap(), &s);
         // f32 both sides; sums reordered over 128 terms, T steps deep
@@ -264,8 +210,8 @@ fn attention_prep_and_attention() {
     let pos0 = 4000usize;
     let k_hist = random(pos0 * hkv * dh, 20, 0.0, 1.0);
     let v_hist = random(pos0 * hkv * dh, 21, 0.0, 1.0);
-    g.upload(kc.ptr, &bf16(&k_hist)).unwrap();
-    g.upload(vc.ptr, &bf16(&v_hist)).unwrap();
+    g.upload(kc.ptr, &bf16_bits(&k_hist)).unwrap();
+    g.upload(vc.ptr, &bf16_bits(&v_hist)).unwrap();
     let t = 9; // rows pos0..pos0+9: causal within the block
     let qg = random(t * hq * 2 * dh, 22, 0.0, 1.0);
     let k = random(t * hkv * dh, 23, 0.0, 1.0);
@@ -350,8 +296,8 @@ fn attention_prep_and_attention() {
     let gq: Vec<f32> = g.download(qout.ptr, t * hq * dh).unwrap();
     let e = rel_l2(&gq, &q);
     assert!(e < 1e-5, "q prep: {e}");
-    let cache_k = from_bf16(&g.download::<u16>(kc.ptr, (pos0 + t) * hkv * dh).unwrap());
-    let cache_v = from_bf16(&g.download::<u16>(vc.ptr, (pos0 + t) * hkv * dh).unwrap());
+    let cache_k = from_bf16_bits(&g.download::<u16>(kc.ptr, (pos0 + t) * hkv * dh).unwrap());
+    let cache_v = from_bf16_bits(&g.download::<u16>(vc.ptr, (pos0 + t) * hkv * dh).unwrap());
     let e = rel_l2(&cache_k[pos0 * hkv * dh..], &kk);
     assert!(e < 8e-3, "k prep into the cache: {e}");
     // f64 oracle of gated attention over the GPU's own cache
@@ -381,7 +327,7 @@ fn attention_prep_and_attention() {
         }
     }
     let e = rel_l2(
-        &from_bf16(&g.download::<u16>(out.ptr, t * hq * dh).unwrap()),
+        &from_bf16_bits(&g.download::<u16>(out.ptr, t * hq * dh).unwrap()),
         &want,
     );
     assert!(e < 8e-3, "attention over {pos0}+ positions: {e}");
@@ -410,21 +356,7 @@ fn moe_experts() {
     );
     let fill = |p: Procedural, n: usize| {
         let b = g.alloc(n * 2).unwrap();
-        g.launch(
-            "procedural_fill_kernel",
-            (1024, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(b.ptr),
-                Arg::U64(n as u64),
-                Arg::U64(0),
-                Arg::U64(p.seed),
-                Arg::F32(p.mean),
-                Arg::F32(p.std),
-            ],
-        )
-        .unwrap();
+        procedural_fill(&g, b.ptr, p, 0, n);
         b
     };
     let (gu, dn, sgu, sdn) = (
@@ -433,15 +365,12 @@ fn moe_experts() {
         fill(psgu, 2 * fs * d),
         fill(psdn, d * fs),
     );
-    let x: Vec<f32> = random(t * d, 35, 0.0, 1.0)
-        .iter()
-        .map(|v| half::bf16::from_f32(*v).to_f32())
-        .collect();
+    let x = round_bf16(&random(t * d, 35, 0.0, 1.0));
     let resid = random(t * d, 36, 0.0, 1.0);
     let idx: Vec<i32> = (0..t * k).map(|i| ((i * 37 + 11) % e) as i32).collect();
     let wts: Vec<f32> = random(t * (k + 1), 37, 0.5, 0.2);
     let (xb, ib, wb, rb, hb) = (
-        g.upload_new(&bf16(&x)).unwrap(),
+        g.upload_new(&bf16_bits(&x)).unwrap(),
         g.upload_new(&idx).unwrap(),
         g.upload_new(&wts).unwrap(),
         g.upload_new(&resid).unwrap(),
