@@ -326,8 +326,19 @@ pub fn compile_kernels() -> Result<Vec<(&'static str, cudarc::nvrtc::Ptx, Vec<St
 fn kernel_names(src: &str) -> Vec<String> {
     let mut out = Vec::new();
     for part in src.split("extern \"C\" __global__ void ").skip(1) {
-        if let Some(end) = part.find('(') {
-            out.push(part[..end].trim().to_string());
+        let mut rest = part.trim_start();
+        // attributes before the name: __cluster_dims__(4, 1, 1) __launch_bounds__(256)
+        while rest.starts_with("__") {
+            let Some(open) = rest.find('(') else { break };
+            let word = rest[..open].trim();
+            if !(word.ends_with("__") && word.len() > 4) {
+                break;
+            }
+            let Some(close) = rest[open..].find(')') else { break };
+            rest = rest[open + close + 1..].trim_start();
+        }
+        if let Some(end) = rest.find('(') {
+            out.push(rest[..end].trim().to_string());
         }
     }
     out
@@ -335,6 +346,21 @@ fn kernel_names(src: &str) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn kernel_names_skip_attributes() {
+        let src = "extern \"C\" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(256) k1(int a) {}\n\
+                   extern \"C\" __global__ void k2(float* x) {}";
+        assert_eq!(super::kernel_names(src), ["k1", "k2"]);
+        for (file, src) in super::KERNEL_FILES {
+            for n in super::kernel_names(src) {
+                assert!(
+                    !n.starts_with("__") && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+                    "{file}.cu: bad kernel name {n:?}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn every_kernel_file_declares_kernels() {
         for (file, src) in super::KERNEL_FILES {
