@@ -86,6 +86,7 @@ check|decode)
     # decode speed of the released geometry, with the per-kernel-group profile
     timeout 420 "$lily" bench --device cuda --synthetic full --prompt-len 512 --context 512,4096,32768 --gen 128 --runs 3 --profile \
       > "$out/bench-decode.txt" 2> "$out/bench-decode.log" && note "$(cat "$out/bench-decode.txt")" || note "bench decode FAILED: $(tail -3 "$out/bench-decode.log")"
+    e2e full4 1100 1050 "--hf-f32 --hf-sdpa"
     LILY_CUDA_GRAPH=0 timeout 120 "$lily" bench --device cuda --synthetic full --prompt-len 512 --context 4096 --gen 64 --runs 2 \
       > "$out/bench-nograph.txt" 2>&1 && note "without the CUDA graph: $(tail -1 "$out/bench-nograph.txt")" || note "bench nograph FAILED"
     echo; echo "==== summary ($mode) ===="; printf '%s\n' "${summary[@]}"; exit 0
