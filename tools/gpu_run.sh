@@ -104,6 +104,21 @@ floor)
   e2e full4 1100 1050 "--hf-f32 --hf-sdpa"
   e2e full 1100 1050 "--hf-sdpa"
   ;;
+final)
+  # the engine's GPU test, the decode profile at 4k, then Lily and transformers side by side
+  for t in .carry/test-generate_gpu; do
+    timeout 200 "$t" --test-threads 1 > "$out/$(basename "$t").log" 2>&1 \
+      && note "$(basename "$t"): $(grep -E '^test result' "$out/$(basename "$t").log" | tail -1)" \
+      || note "$(basename "$t"): FAILED: $(grep -E -A2 'panicked' "$out/$(basename "$t").log" | head -4 | tr '\n' ' ')"
+  done
+  timeout 120 "$lily" bench --device cuda --synthetic full --prompt-len 64 --context 4096 --gen 64 --runs 2 --profile \
+    > "$out/bench-profile.txt" 2> "$out/bench-profile.log" && note "$(cat "$out/bench-profile.txt")" || note "profile FAILED: $(tail -3 "$out/bench-profile.log")"
+  timeout 100 "$lily" bench --device cuda --synthetic full --prompt-len 512,4096 --context 512,4096 --gen 64 --runs 2 --json \
+    > "$out/side-lily.json" 2> "$out/side-lily.log" || note "lily bench FAILED: $(tail -3 "$out/side-lily.log")"
+  (cd tools && PYTHONUNBUFFERED=1 timeout 240 python3 hf_bench.py --synthetic full --lily ../.carry/lily --prompt-len 512,4096 \
+    --context 512,4096 --gen 16 --runs 1 --out "$out/side-hf.json" > "$out/side-hf.log" 2>&1) || note "hf bench FAILED: $(tail -3 "$out/side-hf.log")"
+  note "$(python3 tools/side_by_side.py "$out/side-lily.json" "$out/side-hf.json" 2>&1)"
+  ;;
 side)
   # Lily and transformers on the same random weights, one after the other in
   # this run, then one table with the ratio (BENCHMARKS.md records it)

@@ -101,15 +101,17 @@ pub fn run(a: BenchArgs) -> Result<()> {
         bail!("--runs must be at least 1");
     }
     let t0 = Instant::now();
-    // room for the longest prompt, or the longest context plus its decode
+    // room for the longest prompt, or the longest context plus the warm-up
+    // and the timed decode segments that follow it
     let longest = a
         .prompt_len
         .iter()
-        .chain(a.context.iter().map(|c| c))
+        .chain(a.context.iter())
         .max()
         .copied()
         .unwrap_or(32_768)
-        + a.gen.unwrap_or(128);
+        .max(if a.context.is_empty() { 32_768 } else { 0 })
+        + (a.runs + 1) * a.gen.unwrap_or(128);
     let dev = DeviceArgs {
         max_seq: a.device.max_seq.max(longest),
         ..a.device.clone()

@@ -977,11 +977,12 @@ impl CudaModel {
         b
     }
 
-    /// Time each kernel group of one decode step at the state's position,
-    /// replayed `runs` times from a captured graph with events between the
-    /// groups; the median per group. The step runs for real: it rewrites the
-    /// KV row at `st.pos` and advances the recurrent states, so profile a
-    /// throwaway state.
+    /// Time each kernel group of one decode step at the state's position:
+    /// the step launched kernel by kernel with an event after each group
+    /// (events recorded inside a captured graph cannot be timed), `runs`
+    /// times, the median per group. Groups shorter than a launch (~3 us) read
+    /// as the launch gap. The step runs for real: it rewrites the KV row at
+    /// `st.pos` and advances the recurrent states, so profile a throwaway state.
     pub fn profile_decode(
         &self,
         st: &mut CudaState,
@@ -991,16 +992,17 @@ impl CudaModel {
         self.gpu.upload(self.s.pos.ptr, &[st.pos as i32])?;
         self.prof_pos
             .store(st.pos, std::sync::atomic::Ordering::Relaxed);
-        self.prof.begin(8 * self.cfg.layer_kinds.len() + 8)?;
-        let graph = self.capture_step(st);
-        let marks = self.prof.take();
-        let graph = graph?;
-        let marks = marks.context("profile marks")?;
         let mut all: Vec<Vec<crate::profile::Section>> = Vec::new();
         for _ in 0..runs.max(1) {
-            graph
-                .launch()
-                .map_err(|e| anyhow::anyhow!("launching the profiled step: {e:?}"))?;
+            self.gpu.sync()?;
+            self.prof.begin(8 * self.cfg.layer_kinds.len() + 8)?;
+            let r = self
+                .prof
+                .mark_start(&self.gpu.stream)
+                .and_then(|_| self.layers(st, 1))
+                .and_then(|_| self.lm_head_decode());
+            let marks = self.prof.take().context("profile marks")?;
+            r?;
             self.gpu.sync()?;
             all.push(marks.sections()?);
         }

@@ -66,7 +66,7 @@ fn prompt(tok: &Tokenizer) -> Vec<u32> {
 #[test]
 fn greedy_on_the_device_equals_greedy_on_the_host() {
     let tok = Tokenizer::builtin();
-    for model in ["tiny", "full4"] {
+    for model in ["full4"] {
         let Some(b) = cuda(model) else { return };
         let p = prompt(&tok);
         for (prompt, n) in [(&p[..], 48), (&p[..1], 16)] {
@@ -101,7 +101,7 @@ fn greedy_on_the_device_equals_greedy_on_the_host() {
 #[test]
 fn seeded_sampling_on_the_device_repeats() {
     let tok = Tokenizer::builtin();
-    for model in ["tiny", "full4"] {
+    for model in ["full4"] {
         let Some(b) = cuda(model) else { return };
         let p = prompt(&tok);
         let sampling = |seed| SamplingParams {
