@@ -119,6 +119,17 @@ final)
     --context 512,4096 --gen 16 --runs 1 --out "$out/side-hf.json" > "$out/side-hf.log" 2>&1) || note "hf bench FAILED: $(tail -3 "$out/side-hf.log")"
   note "$(python3 tools/side_by_side.py "$out/side-lily.json" "$out/side-hf.json" 2>&1)"
   ;;
+recheck)
+  for t in .carry/test-model_gpu .carry/test-ops_gpu; do
+    timeout 120 "$t" --test-threads 1 > "$out/$(basename "$t").log" 2>&1 \
+      && note "$(basename "$t"): $(grep -E '^test result' "$out/$(basename "$t").log" | tail -1)" \
+      || note "$(basename "$t"): FAILED: $(grep -E -A2 'panicked' "$out/$(basename "$t").log" | head -4 | tr '\n' ' ')"
+  done
+  timeout 200 "$lily" bench --device cuda --synthetic full --prompt-len 4096 --context 512,4096,32768 --gen 128 --runs 3 \
+    > "$out/bench-decode.txt" 2> "$out/bench-decode.log" && note "$(cat "$out/bench-decode.txt")" || note "bench FAILED: $(tail -3 "$out/bench-decode.log")"
+  timeout 60 "$lily" bench --device cuda --synthetic full --prompt-len 64 --context 4096 --gen 32 --runs 1 --profile \
+    > "$out/bench-profile.txt" 2> "$out/bench-profile.log" && note "$(tail -14 "$out/bench-profile.txt")" || note "profile FAILED"
+  ;;
 side)
   # Lily and transformers on the same random weights, one after the other in
   # this run, then one table with the ratio (BENCHMARKS.md records it)

@@ -11,34 +11,40 @@
 __device__ void topk_warp(const float* __restrict__ l, int E, int K, int* __restrict__ idx,
                           float* __restrict__ wts) {
     int lane = threadIdx.x & 31;
+    // each lane's experts lane, lane + 32, ... (E <= 256) read once, kept in registers
+    float v[8];
+#pragma unroll
+    for (int s = 0; s < 8; s++) v[s] = lane + 32 * s < E ? __ldcg(l + lane + 32 * s) : -LILY_INF;
     float m = -LILY_INF;
-    for (int e = lane; e < E; e += 32) m = fmaxf(m, __ldcg(l + e));
+#pragma unroll
+    for (int s = 0; s < 8; s++) m = fmaxf(m, v[s]);
     m = warp_max(m);
     float z = 0.f;
-    for (int e = lane; e < E; e += 32) z += expf(__ldcg(l + e) - m);
+#pragma unroll
+    for (int s = 0; s < 8; s++) z += lane + 32 * s < E ? expf(v[s] - m) : 0.f;
     z = warp_sum(z);
-    // K rounds of a warp-wide argmax over the experts not yet taken.
+    // K rounds of a warp-wide argmax over the experts not yet taken (ties to the lower id).
     float taken_sum = 0.f;
-    unsigned taken[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // E <= 256: bit (e / 32) of lane e % 32
+    unsigned taken = 0;  // bit s: expert lane + 32 s is taken
     float pk[16];
     int ik[16];
     for (int k = 0; k < K; k++) {
         float best = -LILY_INF;
         int bi = 0x7fffffff;
-        for (int e = lane, s = 0; e < E; e += 32, s++) {
-            if ((taken[s >> 5] >> (s & 31)) & 1u) continue;
-            float v = __ldcg(l + e);
-            if (v > best || (v == best && e < bi)) { best = v; bi = e; }
+#pragma unroll
+        for (int s = 0; s < 8; s++) {
+            int e = lane + 32 * s;
+            if (e < E && !((taken >> s) & 1u) && (v[s] > best || (v[s] == best && e < bi))) {
+                best = v[s];
+                bi = e;
+            }
         }
         for (int o = 16; o > 0; o >>= 1) {
             float ob = __shfl_xor_sync(0xffffffffu, best, o);
             int oi = __shfl_xor_sync(0xffffffffu, bi, o);
             if (ob > best || (ob == best && oi < bi)) { best = ob; bi = oi; }
         }
-        if ((bi & 31) == lane) {
-            int s = bi >> 5;
-            taken[s >> 5] |= 1u << (s & 31);
-        }
+        if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
         float p = expf(best - m) / z;
         pk[k] = p;
         ik[k] = bi;
