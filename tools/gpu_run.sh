@@ -130,6 +130,21 @@ recheck)
   timeout 60 "$lily" bench --device cuda --synthetic full --prompt-len 64 --context 4096 --gen 32 --runs 1 --profile \
     > "$out/bench-profile.txt" 2> "$out/bench-profile.log" && note "$(tail -14 "$out/bench-profile.txt")" || note "profile FAILED"
   ;;
+iter)
+  # one optimisation round: every GPU test, decode at 4k/32k with the
+  # in-graph profile, and the step without programmatic dependent launch
+  for t in .carry/test-*; do
+    timeout 200 "$t" --test-threads 1 > "$out/$(basename "$t").log" 2>&1 \
+      && note "$(basename "$t"): $(grep -E '^test result' "$out/$(basename "$t").log" | tail -1)" \
+      || note "$(basename "$t"): FAILED: $(grep -E -A3 'panicked' "$out/$(basename "$t").log" | head -5 | tr '\n' ' ')"
+  done
+  timeout 200 "$lily" bench --device cuda --synthetic full --prompt-len 4096 --context 4096,32768 --gen 128 --runs 3 \
+    > "$out/bench-decode.txt" 2> "$out/bench-decode.log" && note "$(cat "$out/bench-decode.txt")" || note "bench FAILED: $(tail -3 "$out/bench-decode.log")"
+  LILY_PDL=0 timeout 100 "$lily" bench --device cuda --synthetic full --prompt-len 64 --context 4096 --gen 64 --runs 2 \
+    > "$out/bench-nopdl.txt" 2>&1 && note "without PDL: $(tail -1 "$out/bench-nopdl.txt")" || note "bench nopdl FAILED"
+  timeout 120 "$lily" bench --device cuda --synthetic full --prompt-len 64 --context 4096 --gen 32 --runs 1 --profile \
+    > "$out/bench-profile.txt" 2> "$out/bench-profile.log" && note "$(tail -16 "$out/bench-profile.txt")" || note "profile FAILED: $(tail -3 "$out/bench-profile.log")"
+  ;;
 side)
   # Lily and transformers on the same random weights, one after the other in
   # this run, then one table with the ratio (BENCHMARKS.md records it)

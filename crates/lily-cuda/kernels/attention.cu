@@ -15,6 +15,8 @@ extern "C" __global__ void qk_prep_kernel(const float* __restrict__ qg, const fl
                                           bf16* __restrict__ vcache, int Hq, int Hkv, int Dh, int rot,
                                           float theta, float eps, int gated) {
     __shared__ float buf[1024];
+    pdl_wait();
+    pdl_trigger();
     int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
     long pos = (long)pos_ptr[0] + t;
     bool is_q = h < Hq;
@@ -175,6 +177,8 @@ extern "C" __global__ void attention_decode_partial_kernel(const float* __restri
     __shared__ __align__(16) float sm_c[ATTD_WARPS][ATTD_HEADS];
     __shared__ __align__(16) float sm_acc[ATTD_WARPS][ATTD_HEADS][256];
     __shared__ float sm_m[ATTD_WARPS][ATTD_HEADS], sm_l[ATTD_WARPS][ATTD_HEADS], sm_f[ATTD_WARPS][ATTD_HEADS];
+    pdl_wait();
+    pdl_trigger();
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int G = Hq / Hkv, cpg = (G + ATTD_HEADS - 1) / ATTD_HEADS;
     const int kh = blockIdx.x / cpg, c = blockIdx.x % cpg;
@@ -336,6 +340,8 @@ extern "C" __global__ void attention_decode_merge_kernel(const float* __restrict
     __shared__ float sm_w[ATTD_MAX_SPLITS];
     __shared__ float sm_o[ATTD_MERGE_WARPS][32];
     __shared__ float sm_red[ATTD_MERGE_WARPS];
+    pdl_wait();
+    pdl_trigger();
     const int h = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const long pbase = (long)Hq * splits * Dh;
     const float* pm = part + pbase + (long)h * splits;

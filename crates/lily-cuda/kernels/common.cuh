@@ -100,3 +100,72 @@ __device__ __forceinline__ bool last_block_add_norm(float* __restrict__ x, const
     if (threadIdx.x == 0) *counter = 0;
     return true;
 }
+
+// Programmatic dependent launch (sm_90). gpu.rs launches every kernel whose
+// body calls pdl_wait() with programmatic stream serialization, so its blocks
+// may be scheduled while the kernel before it is still finishing: the launch
+// gap and its first loads overlap the previous kernel's tail. Before
+// pdl_wait() such a kernel may only read what no earlier kernel of the step
+// writes (weights, its own layer's recurrent state) and must write nothing;
+// pdl_wait() blocks until every earlier kernel has completed and its writes
+// are visible. pdl_trigger() (after the wait, so at most one kernel runs
+// ahead) lets the next kernel launch early. Without the launch attribute both
+// are no-ops.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// 8 bf16 held in a uint4, widened to f32.
+__device__ __forceinline__ void unpack8(uint4 v, float* out) {
+    unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        out[2 * i] = __uint_as_float(w[i] << 16);
+        out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+
+// A warp's dot product of a weight row with x, K = 256 * NCH: the lane's NCH
+// 16-byte chunks of the row (lane * 8 + 256 c) are all loaded into registers
+// before pdl_wait(), so the whole row is in flight at once (a loop that loads
+// a chunk and uses it keeps one 512-byte request per warp in flight, which
+// leaves a decode GEMV latency-bound), and x is read after the wait. The sum
+// runs in warp_dot_bf16's order. `ok` false (a warp past the last row): no
+// loads, returns 0; the wait and trigger still run.
+template <int NCH>
+__device__ __forceinline__ float prefetched_dot(const bf16* __restrict__ w, const bf16* __restrict__ x, bool ok) {
+    const int lane = threadIdx.x & 31;
+    uint4 r[NCH];
+    if (ok) {
+#pragma unroll
+        for (int c = 0; c < NCH; c++) r[c] = __ldg(reinterpret_cast<const uint4*>(w + lane * 8 + 256 * c));
+    }
+    pdl_wait();
+    pdl_trigger();
+    if (!ok) return 0.f;
+    float acc = 0.f;
+#pragma unroll
+    for (int c = 0; c < NCH; c++) {
+        float a[8], b[8];
+        unpack8(r[c], a);
+        load8(x + lane * 8 + 256 * c, b);
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc += a[i] * b[i];
+    }
+    return warp_sum(acc);
+}
+
+// prefetched_dot for the K of this model's decode GEMVs (512, 1024, 2048,
+// 4096), warp_dot_bf16 after the wait for any other K (K % 8 == 0). Every
+// thread of the block must call it (it holds the PDL wait).
+__device__ __forceinline__ float decode_dot(const bf16* __restrict__ w, const bf16* __restrict__ x, int K, bool ok) {
+    switch (K) {
+        case 512: return prefetched_dot<2>(w, x, ok);
+        case 1024: return prefetched_dot<4>(w, x, ok);
+        case 2048: return prefetched_dot<8>(w, x, ok);
+        case 4096: return prefetched_dot<16>(w, x, ok);
+        default:
+            pdl_wait();
+            pdl_trigger();
+            return ok ? warp_dot_bf16(w, x, K) : 0.f;
+    }
+}

@@ -14,11 +14,16 @@ extern "C" __global__ void conv_silu_kernel(const float* __restrict__ mixed, flo
                                             const float* __restrict__ w, float* __restrict__ out,
                                             int T, int C, int W) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
+    // the layer's conv state and weights before the PDL wait (no earlier kernel of the step writes them)
     float hist[8];  // W <= 8
-    for (int j = 0; j < W - 1; j++) hist[j] = state[(long)c * (W - 1) + j];
     float wc[8];
-    for (int j = 0; j < W; j++) wc[j] = w[(long)c * W + j];
+    if (c < C) {
+        for (int j = 0; j < W - 1; j++) hist[j] = state[(long)c * (W - 1) + j];
+        for (int j = 0; j < W; j++) wc[j] = w[(long)c * W + j];
+    }
+    pdl_wait();
+    pdl_trigger();
+    if (c >= C) return;
     for (int t = 0; t < T; t++) {
         float x = mixed[(long)t * C + c];
         float acc = wc[W - 1] * x;
@@ -177,6 +182,10 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
 #pragma unroll
     for (int i = 0; i < 4; i++)
         s[i] = *reinterpret_cast<const float4*>(Sj + (long)(32 * i + 4 * warp + rs) * GDN_DEC_DV);
+    // (the layer's own state: no earlier kernel of the step writes it, so it
+    // streams in before the PDL wait, while the previous kernel finishes)
+    pdl_wait();
+    pdl_trigger();
 
     // 2. q, k of the key head: every warp computes the norms and k . q itself
     //    (lane holds elements 4 lane .. 4 lane + 3), so no block barrier.

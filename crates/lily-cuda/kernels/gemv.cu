@@ -1,15 +1,16 @@
 // Decode matrix-vector product y[N] = W[N, K] x[K]: W and x bf16, y f32.
-// One warp per row, 8 rows per 256-thread block; each lane streams 16-byte
-// chunks of its row (K % 8 == 0), so a warp reads 512 contiguous bytes per step.
+// One warp per row, 8 rows per 256-thread block; each lane holds 16-byte
+// chunks of its row (K % 8 == 0), all in flight at once (decode_dot), loaded
+// before the PDL wait: the weights stream while the previous kernel finishes.
 #include "common.cuh"
 
 extern "C" __global__ void gemv_kernel(const bf16* __restrict__ W, const bf16* __restrict__ x,
                                        float* __restrict__ y, int N, int K) {
     int lane = threadIdx.x & 31;
     long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= N) return;
-    float acc = warp_dot_bf16(W + row * K, x, K);
-    if (lane == 0) y[row] = acc;
+    bool ok = row < N;
+    float acc = decode_dot(W + (ok ? row : 0) * K, x, K, ok);
+    if (ok && lane == 0) y[row] = acc;
 }
 
 // f32 -> bf16 conversion of an activation buffer (inputs of the prefill GEMMs).
@@ -36,6 +37,7 @@ extern "C" __global__ void gemv3_kernel(const bf16* __restrict__ x, int K,
     long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const bf16* W;
     float* y;
+    bool ok = true;
     if (row < N0) {
         W = W0;
         y = y0;
@@ -43,15 +45,14 @@ extern "C" __global__ void gemv3_kernel(const bf16* __restrict__ x, int K,
         row -= N0;
         W = W1;
         y = y1;
-    } else if (row < (long)N0 + N1 + N2) {
+    } else {
         row -= N0 + N1;
         W = W2;
         y = y2;
-    } else {
-        return;
+        ok = row < N2;
     }
-    float acc = warp_dot_bf16(W + row * K, x, K);
-    if (lane == 0) y[row] = acc;
+    float acc = decode_dot(W + (ok ? row : 0) * K, x, K, ok);
+    if (ok && lane == 0) y[row] = acc;
 }
 
 // Decode output projection of a mixer with the residual add and the
@@ -63,9 +64,8 @@ extern "C" __global__ void gemv_add_norm_kernel(const bf16* __restrict__ W, cons
                                                 bf16* out, float eps, unsigned* __restrict__ counter) {
     int lane = threadIdx.x & 31;
     long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row < D) {
-        float acc = warp_dot_bf16(W + row * K, h, K);
-        if (lane == 0) delta[row] = acc;
-    }
+    bool ok = row < D;
+    float acc = decode_dot(W + (ok ? row : 0) * K, h, K, ok);
+    if (ok && lane == 0) delta[row] = acc;
     last_block_add_norm(x, delta, w1p, out, D, eps, counter);
 }

@@ -68,9 +68,10 @@ extern "C" __global__ void router_topk_kernel(const float* __restrict__ logits, 
 }
 
 // Decode: the router's matrix-vector product (a warp per row of W [E + 1, D],
-// 8 rows per 256-thread block) and, in the block that finishes last, the
-// top-K: one launch instead of two. `counter` starts at 0 and is reset by the
-// last block, so a captured graph can replay it.
+// 8 rows per 256-thread block, each row's weights in flight at once before
+// the PDL wait) and, in the block that finishes last, the top-K: one launch
+// instead of two. `counter` starts at 0 and is reset by the last block, so a
+// captured graph can replay it.
 extern "C" __global__ void router_decode_kernel(const bf16* __restrict__ W, const bf16* __restrict__ x,
                                                 float* __restrict__ logits, int D, int E, int K,
                                                 int* __restrict__ idx, float* __restrict__ wts,
@@ -78,10 +79,9 @@ extern "C" __global__ void router_decode_kernel(const bf16* __restrict__ W, cons
     __shared__ bool last;
     int lane = threadIdx.x & 31;
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row <= E) {
-        float acc = warp_dot_bf16(W + (long)row * D, x, D);
-        if (lane == 0) logits[row] = acc;
-    }
+    bool ok = row <= E;
+    float acc = decode_dot(W + (long)(ok ? row : 0) * D, x, D, ok);
+    if (ok && lane == 0) logits[row] = acc;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
@@ -94,6 +94,46 @@ extern "C" __global__ void router_decode_kernel(const bf16* __restrict__ W, cons
 
 // h[t, slot, f] = bf16(silu(gate . x) * (up . x)) for the token's K experts and
 // the shared one. Grid (ceil(max(F, Fs) / 8), K + 1, T), block 256 (a warp per f).
+// The routed experts' rows depend on the router (the kernel before), so the
+// loads follow the PDL wait, but both rows (NCH 16-byte chunks per lane each)
+// are in flight at once; the shared expert's rows are loaded before the wait.
+template <int NCH>
+__device__ __forceinline__ void gate_up_dots(const bf16* __restrict__ g, const bf16* __restrict__ u,
+                                             const bf16* __restrict__ xr, bool pre, bool ok, float& ag, float& au) {
+    const int lane = threadIdx.x & 31;
+    uint4 rg[NCH], ru[NCH];
+    if (pre && ok) {
+#pragma unroll
+        for (int c = 0; c < NCH; c++) {
+            rg[c] = __ldg(reinterpret_cast<const uint4*>(g + lane * 8 + 256 * c));
+            ru[c] = __ldg(reinterpret_cast<const uint4*>(u + lane * 8 + 256 * c));
+        }
+    }
+    pdl_wait();
+    pdl_trigger();
+    ag = au = 0.f;
+    if (!ok) return;
+    if (!pre) {
+#pragma unroll
+        for (int c = 0; c < NCH; c++) {
+            rg[c] = __ldg(reinterpret_cast<const uint4*>(g + lane * 8 + 256 * c));
+            ru[c] = __ldg(reinterpret_cast<const uint4*>(u + lane * 8 + 256 * c));
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < NCH; c++) {
+        float a[8], b[8], x8[8];
+        unpack8(rg[c], a);
+        unpack8(ru[c], b);
+        load8(xr + lane * 8 + 256 * c, x8);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            ag += a[i] * x8[i];
+            au += b[i] * x8[i];
+        }
+    }
+}
+
 extern "C" __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const bf16* __restrict__ gate_up,
                                               const bf16* __restrict__ shared_gate_up, const int* __restrict__ idx,
                                               bf16* __restrict__ h, int D, int F, int Fs, int K) {
@@ -103,23 +143,39 @@ extern "C" __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const 
     long t = blockIdx.z;
     bool shared = slot == K;
     int width = shared ? Fs : F;
-    if (f >= width) return;
-    const bf16* base = shared ? shared_gate_up : gate_up + (long)idx[t * K + slot] * 2 * F * D;
-    const bf16* g = base + (long)f * D;
-    const bf16* u = base + (long)(width + f) * D;
+    bool ok = f < width;
     const bf16* xr = x + t * D;
-    float ag = 0.f, au = 0.f;
-    for (int k = lane * 8; k < D; k += 256) {
-        float a[8], b[8], c[8];
-        load8(g + k, a);
-        load8(u + k, b);
-        load8(xr + k, c);
+    float ag, au;
+    if (D == 2048) {
+        // the routed expert's id is known only after the wait
+        const bf16* base = shared_gate_up;
+        if (!shared) {
+            pdl_wait();
+            base = gate_up + (long)idx[t * K + slot] * 2 * F * D;
+        }
+        const bf16* g = base + (long)(ok ? f : 0) * D;
+        gate_up_dots<8>(g, g + (long)width * D, xr, shared, ok, ag, au);
+    } else {
+        pdl_wait();
+        pdl_trigger();
+        if (!ok) return;
+        const bf16* base = shared ? shared_gate_up : gate_up + (long)idx[t * K + slot] * 2 * F * D;
+        const bf16* g = base + (long)f * D;
+        const bf16* u = base + (long)(width + f) * D;
+        ag = au = 0.f;
+        for (int k = lane * 8; k < D; k += 256) {
+            float a[8], b[8], c[8];
+            load8(g + k, a);
+            load8(u + k, b);
+            load8(xr + k, c);
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            ag += a[i] * c[i];
-            au += b[i] * c[i];
+            for (int i = 0; i < 8; i++) {
+                ag += a[i] * c[i];
+                au += b[i] * c[i];
+            }
         }
     }
+    if (!ok) return;
     ag = warp_sum(ag);
     au = warp_sum(au);
     int hw = F > Fs ? F : Fs;
@@ -166,15 +222,56 @@ extern "C" __global__ void moe_down_kernel(const bf16* __restrict__ h, const bf1
 
 // Decode (one token): moe_down_kernel with the RMSNorm that feeds the next
 // layer's mixer (or the lm_head) fused into its last block: out = norm(x) * w1p.
+// F = Fs = 512 (the released geometry; other widths take moe_down_row after
+// the wait): a lane's 2 chunks of each of the 9 rows are all in flight before
+// the PDL wait. The expert ids come from the router, which completed before
+// the previous kernel (gate/up) passed its own wait, and so before this
+// kernel could launch; they are read through L2.
 extern "C" __global__ void moe_down_norm_kernel(const bf16* __restrict__ h, const bf16* __restrict__ down,
                                                 const bf16* __restrict__ shared_down, const int* __restrict__ idx,
                                                 const float* __restrict__ wts, float* __restrict__ x,
                                                 int D, int F, int Fs, int K, const float* __restrict__ w1p,
                                                 bf16* __restrict__ out, float eps, unsigned* __restrict__ counter) {
     int d = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (d < D) {
-        float total = moe_down_row(h, down, shared_down, idx, wts, D, F, Fs, K, 0, d);
-        if ((threadIdx.x & 31) == 0) x[d] += total;
+    const int lane = threadIdx.x & 31;
+    bool ok = d < D;
+    if (F == 512 && Fs == 512 && K == 8) {
+        uint4 r[9][2];
+        if (ok) {
+#pragma unroll
+            for (int slot = 0; slot < 9; slot++) {
+                const bf16* row = slot == 8 ? shared_down + (long)d * 512 : down + ((long)__ldcg(idx + slot) * D + d) * 512;
+                r[slot][0] = __ldg(reinterpret_cast<const uint4*>(row + lane * 8));
+                r[slot][1] = __ldg(reinterpret_cast<const uint4*>(row + lane * 8 + 256));
+            }
+        }
+        pdl_wait();
+        pdl_trigger();
+        if (ok) {
+            float total = 0.f;
+#pragma unroll
+            for (int slot = 0; slot < 9; slot++) {
+                const bf16* hr = h + slot * 512;
+                float acc = 0.f;
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    float a[8], b[8];
+                    unpack8(r[slot][c], a);
+                    load8(hr + lane * 8 + 256 * c, b);
+#pragma unroll
+                    for (int i = 0; i < 8; i++) acc += a[i] * b[i];
+                }
+                total += wts[slot] * warp_sum(acc);
+            }
+            if (lane == 0) x[d] += total;
+        }
+    } else {
+        pdl_wait();
+        pdl_trigger();
+        if (ok) {
+            float total = moe_down_row(h, down, shared_down, idx, wts, D, F, Fs, K, 0, d);
+            if (lane == 0) x[d] += total;
+        }
     }
     last_block_add_norm(x, nullptr, w1p, out, D, eps, counter);
 }

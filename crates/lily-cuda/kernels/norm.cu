@@ -6,6 +6,8 @@
 extern "C" __global__ void add_rmsnorm_kernel(float* __restrict__ x, const float* __restrict__ delta,
                                               const float* __restrict__ w1p, bf16* __restrict__ out,
                                               int D, float eps) {
+    pdl_wait();
+    pdl_trigger();
     long t = blockIdx.x;
     float* xr = x + t * D;
     float ss = 0.f;

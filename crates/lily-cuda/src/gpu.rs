@@ -80,6 +80,11 @@ pub struct Gpu {
     pub stream: Arc<CudaStream>,
     pub blas: cublas_sys::cublasHandle_t,
     funcs: HashMap<String, CudaFunction>,
+    /// kernels launched with programmatic stream serialization (their body
+    /// waits on `pdl_wait()`); empty when PDL is off
+    pdl: std::collections::HashSet<String>,
+    /// set by the ablation profile: launches are dropped while it holds
+    skip: std::sync::atomic::AtomicBool,
     pub name: String,
 }
 
@@ -112,6 +117,14 @@ impl Gpu {
         unsafe { cudarc::cublas::result::set_stream(blas, stream.cu_stream() as _) }
             .map_err(|e| anyhow!("cuBLAS: {e:?}"))?;
         let mut funcs = HashMap::new();
+        let mut pdl = std::collections::HashSet::new();
+        // LILY_PDL=0 launches every kernel plainly (to measure what PDL saves)
+        let pdl_on = std::env::var("LILY_PDL").map(|v| v != "0").unwrap_or(true);
+        if pdl_on {
+            for (_, src) in KERNEL_FILES {
+                pdl.extend(pdl_kernels(&src.replace("#include \"common.cuh\"", COMMON)));
+            }
+        }
         for (file, ptx, names) in compile_kernels()? {
             let module = ctx
                 .load_module(ptx)
@@ -128,6 +141,8 @@ impl Gpu {
             stream,
             blas,
             funcs,
+            pdl,
+            skip: Default::default(),
             name,
         })
     }
@@ -194,6 +209,11 @@ impl Gpu {
         Ok((2 * n * reps) as f64 / t.elapsed().as_secs_f64())
     }
 
+    /// Drop kernel launches until cleared (the ablation profile's captures).
+    pub fn set_skip(&self, on: bool) {
+        self.skip.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
     pub fn sync(&self) -> Result<()> {
         self.stream
             .synchronize()
@@ -213,6 +233,9 @@ impl Gpu {
             .funcs
             .get(name)
             .with_context(|| format!("no kernel named {name}"))?;
+        if self.skip.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
         let mut vals: Vec<[u8; 8]> = args
             .iter()
             .map(|a| {
@@ -230,6 +253,9 @@ impl Gpu {
             .map(|v| v.as_mut_ptr() as *mut c_void)
             .collect();
         self.ctx.bind_to_thread()?;
+        if self.pdl.contains(name) {
+            return self.launch_pdl(name, f, grid, block, smem, &mut params);
+        }
         // SAFETY: params point at values that live until this call returns; the
         // kernel's signature matches `args` (each launcher in ops.rs owns that).
         unsafe {
@@ -243,6 +269,57 @@ impl Gpu {
             )
         }
         .map_err(|e| anyhow!("launching {name}: {e:?}"))?;
+        Ok(())
+    }
+
+    /// A launch that may start before the kernel ahead of it in the stream
+    /// has finished (programmatic dependent launch): the kernel's own
+    /// `pdl_wait()` orders it after its inputs are written.
+    fn launch_pdl(
+        &self,
+        name: &str,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        use drv_sys::{
+            CUlaunchAttribute, CUlaunchAttributeID, CUlaunchAttributeValue, CUlaunchConfig,
+        };
+        // SAFETY: a zeroed union is a valid "no value"; the field set is the one
+        // the attribute id names.
+        let mut value: CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+        value.programmaticStreamSerializationAllowed = 1;
+        let mut attr = CUlaunchAttribute {
+            id: CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value,
+        };
+        let cfg = CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block.0,
+            blockDimY: block.1,
+            blockDimZ: block.2,
+            sharedMemBytes: smem,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: as in `launch`; cfg and attr live until the call returns.
+        let r = unsafe {
+            drv_sys::cuLaunchKernelEx(
+                &cfg,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        if r != drv_sys::CUresult::CUDA_SUCCESS {
+            bail!("launching {name} (programmatic dependent launch): {r:?}");
+        }
         Ok(())
     }
 
@@ -322,6 +399,54 @@ pub fn compile_kernels() -> Result<Vec<(&'static str, cudarc::nvrtc::Ptx, Vec<St
     Ok(out)
 }
 
+/// The kernels of a source file (common.cuh spliced in) that take part in
+/// programmatic dependent launch: those whose body calls `pdl_wait()` or a
+/// helper that does (`decode_dot`, `prefetched_dot`, `gate_up_dots`). A
+/// kernel launched that way without waiting would race the kernel before it,
+/// so only the body itself (braces matched) counts, not its neighbours.
+pub fn pdl_kernels(src: &str) -> Vec<String> {
+    const WAITS: [&str; 4] = ["pdl_wait(", "decode_dot(", "prefetched_dot<", "gate_up_dots<"];
+    let mut out = Vec::new();
+    for (name, at) in kernel_names(src).into_iter().zip(kernel_starts(src)) {
+        let body = kernel_body(&src[at..]);
+        if WAITS.iter().any(|w| body.contains(w)) {
+            out.push(name);
+        }
+    }
+    out
+}
+
+/// Byte offsets of each `extern "C" __global__` kernel declaration.
+fn kernel_starts(src: &str) -> Vec<usize> {
+    src.match_indices("extern \"C\" __global__ void ").map(|(i, _)| i).collect()
+}
+
+/// The text of the first brace-matched `{ ... }` in `src` (a kernel body;
+/// // comments are skipped so a brace in one does not count).
+fn kernel_body(src: &str) -> &str {
+    let Some(open) = src.find('{') else { return "" };
+    let mut depth = 0usize;
+    let mut in_comment = false;
+    let b = src.as_bytes();
+    let mut i = open;
+    while i < b.len() {
+        match b[i] {
+            b'\n' => in_comment = false,
+            b'/' if !in_comment && b.get(i + 1) == Some(&b'/') => in_comment = true,
+            b'{' if !in_comment => depth += 1,
+            b'}' if !in_comment => {
+                depth -= 1;
+                if depth == 0 {
+                    return &src[open..=i];
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    &src[open..]
+}
+
 /// Names of the `extern "C" __global__` kernels in a source file.
 fn kernel_names(src: &str) -> Vec<String> {
     let mut out = Vec::new();
@@ -359,6 +484,40 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The decode step's kernels wait on their inputs (PDL); kernels launched
+    /// outside the decode graph or by cuBLAS-adjacent prefill code may not.
+    #[test]
+    fn pdl_kernels_are_the_decode_chain() {
+        let mut all = Vec::new();
+        for (_, src) in super::KERNEL_FILES {
+            let src = src.replace("#include \"common.cuh\"", super::COMMON);
+            assert_eq!(super::kernel_names(&src).len(), super::kernel_starts(&src).len());
+            all.extend(super::pdl_kernels(&src));
+        }
+        all.sort();
+        let mut want = vec![
+            "embed_kernel",
+            "add_rmsnorm_kernel",
+            "gemv_kernel",
+            "gemv3_kernel",
+            "gemv_add_norm_kernel",
+            "qk_prep_kernel",
+            "attention_decode_partial_kernel",
+            "attention_decode_merge_kernel",
+            "conv_silu_kernel",
+            "gdn_decode_kernel",
+            "router_decode_kernel",
+            "moe_gate_up_kernel",
+            "moe_down_norm_kernel",
+        ];
+        want.sort();
+        assert_eq!(all, want);
+        let src = "extern \"C\" __global__ void a(int x) { if (x) { y(); } // }\n }\n\
+                   __device__ void h() { pdl_wait(); }\n\
+                   extern \"C\" __global__ void b(int x) { decode_dot(w, x, K, ok); }";
+        assert_eq!(super::pdl_kernels(src), ["b"]);
     }
 
     #[test]

@@ -122,6 +122,7 @@ pub struct CudaModel {
     s: Scratch,
     prof: crate::profile::Recorder,
     prof_pos: std::sync::atomic::AtomicUsize,
+    ablate: std::sync::Mutex<Option<crate::profile::Ablation>>,
     /// key-range splits of the decode attention (fixed by max_seq, so the graph holds)
     att_splits: usize,
 }
@@ -275,6 +276,7 @@ impl CudaModel {
             s,
             prof: crate::profile::Recorder::new(),
             prof_pos: std::sync::atomic::AtomicUsize::new(0),
+            ablate: std::sync::Mutex::new(None),
             att_splits,
         })
     }
@@ -945,7 +947,11 @@ impl CudaModel {
     }
 
     fn mark(&self, name: &'static str, bytes: u64) -> Result<()> {
-        self.prof.mark(&self.gpu.stream, name, bytes)
+        self.prof.mark(&self.gpu.stream, name, bytes)?;
+        if let Some(a) = self.ablate.lock().unwrap().as_mut() {
+            self.gpu.set_skip(a.passed(name));
+        }
+        Ok(())
     }
 
     /// The position a profiled step runs at (for the KV bytes it reads).
@@ -1013,6 +1019,54 @@ impl CudaModel {
             sec.us = v[v.len() / 2];
         }
         Ok(out)
+    }
+
+    /// Each kernel group's cost inside the captured decode step, by ablation:
+    /// the step is captured once whole and once without each group's launches
+    /// (the skipped kernels' outputs are stale but their successors do the
+    /// same work), every graph replayed `reps` times; a group's cost is the
+    /// whole step's time minus the step's time without it. Unlike events
+    /// between launches this keeps the graph's launch path and the
+    /// programmatic overlap between kernels. Returns (whole step us, [(group,
+    /// us)]) in step order. Replays advance the state: profile a throwaway one.
+    pub fn profile_decode_graph(
+        &self,
+        st: &mut CudaState,
+        reps: usize,
+    ) -> Result<(f64, Vec<(&'static str, f64)>)> {
+        use crate::profile::Ablation;
+        self.check(st, &[0])?;
+        self.gpu.upload(self.s.pos.ptr, &[st.pos as i32])?;
+        // the groups in step order: one pass with every launch skipped
+        *self.ablate.lock().unwrap() = Some(Ablation::learn());
+        self.gpu.set_skip(true);
+        let r = self.layers(st, 1).and_then(|_| self.lm_head_decode());
+        self.gpu.set_skip(false);
+        let order = self.ablate.lock().unwrap().take().map(|a| a.order).unwrap_or_default();
+        r?;
+        let mut groups: Vec<&'static str> = Vec::new();
+        for g in &order {
+            if !groups.contains(g) {
+                groups.push(g);
+            }
+        }
+        let mut time = |target: Option<&'static str>| -> Result<f64> {
+            if let Some(t) = target {
+                let a = Ablation::skip(order.clone(), t);
+                self.gpu.set_skip(a.skip_first());
+                *self.ablate.lock().unwrap() = Some(a);
+            }
+            let graph = self.capture_step(st);
+            *self.ablate.lock().unwrap() = None;
+            self.gpu.set_skip(false);
+            crate::profile::time_graph(&self.gpu.stream, &graph?, reps)
+        };
+        let whole = time(None)?;
+        let mut out = Vec::new();
+        for g in groups {
+            out.push((g, whole - time(Some(g))?));
+        }
+        Ok((whole, out))
     }
 
     fn check(&self, st: &CudaState, tokens: &[u32]) -> Result<()> {

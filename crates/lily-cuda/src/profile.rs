@@ -140,3 +140,68 @@ impl Drop for Marks {
         }
     }
 }
+
+/// Which launches a capture skips, for the ablation profile: the groups of a
+/// decode step in order (a group's launches come before its mark), and the
+/// one group to leave out.
+pub struct Ablation {
+    pub order: Vec<&'static str>,
+    target: Option<&'static str>,
+    /// marks passed so far in this capture
+    passed: usize,
+}
+
+impl Ablation {
+    /// A pass that only records the group order.
+    pub fn learn() -> Ablation {
+        Ablation { order: Vec::new(), target: None, passed: 0 }
+    }
+
+    pub fn skip(order: Vec<&'static str>, target: &'static str) -> Ablation {
+        Ablation { order, target: Some(target), passed: 0 }
+    }
+
+    /// Whether the launches before the first mark are skipped.
+    pub fn skip_first(&self) -> bool {
+        self.target.is_some() && self.order.first() == self.target.as_ref()
+    }
+
+    /// A group's mark was recorded: whether the launches up to the next mark
+    /// are skipped.
+    pub fn passed(&mut self, name: &'static str) -> bool {
+        let Some(t) = self.target else {
+            self.order.push(name);
+            return true;
+        };
+        self.passed += 1;
+        self.order.get(self.passed) == Some(&t)
+    }
+}
+
+/// Microseconds per replay of `graph`: `reps` replays between two events,
+/// the median of three such runs (after one warm-up replay).
+pub fn time_graph(stream: &CudaStream, graph: &cudarc::driver::CudaGraph, reps: usize) -> Result<f64> {
+    let reps = reps.max(1);
+    let (a, b) = (new_event()?, new_event()?);
+    let run = || -> Result<f64> {
+        unsafe { event::record(a, stream.cu_stream()) }.map_err(|e| anyhow!("cuEventRecord: {e:?}"))?;
+        for _ in 0..reps {
+            graph.launch().map_err(|e| anyhow!("launching a profile graph: {e:?}"))?;
+        }
+        unsafe { event::record(b, stream.cu_stream()) }.map_err(|e| anyhow!("cuEventRecord: {e:?}"))?;
+        stream.synchronize().map_err(|e| anyhow!("CUDA error: {e:?}"))?;
+        let ms = unsafe { event::elapsed(a, b) }.map_err(|e| anyhow!("cuEventElapsedTime: {e:?}"))?;
+        Ok(ms as f64 * 1e3 / reps as f64)
+    };
+    let res = (|| {
+        graph.launch().map_err(|e| anyhow!("launching a profile graph: {e:?}"))?;
+        let mut v = vec![run()?, run()?, run()?];
+        v.sort_by(f64::total_cmp);
+        Ok(v[1])
+    })();
+    unsafe {
+        let _ = event::destroy(a);
+        let _ = event::destroy(b);
+    }
+    res
+}
