@@ -134,10 +134,16 @@ iter)
   # one optimisation round: every GPU test, decode at 4k/32k with the
   # in-graph profile, and the step without programmatic dependent launch
   for t in .carry/test-*; do
-    timeout 200 "$t" --test-threads 1 > "$out/$(basename "$t").log" 2>&1 \
-      && note "$(basename "$t"): $(grep -E '^test result' "$out/$(basename "$t").log" | tail -1)" \
-      || note "$(basename "$t"): FAILED: $(grep -E -A3 'panicked' "$out/$(basename "$t").log" | head -5 | tr '\n' ' ')"
+    timeout 200 "$t" --test-threads 1 > "/tmp/$(basename "$t").log" 2>&1 \
+      && note "$(basename "$t"): $(grep -E '^test result' "/tmp/$(basename "$t").log" | tail -1)" \
+      || note "$(basename "$t"): FAILED: $(grep -E -A3 'panicked' "/tmp/$(basename "$t").log" | head -5 | tr '\n' ' ')"
+    { echo "==== $t"; cat "/tmp/$(basename "$t").log"; } >> "$out/tests.log"
   done
+  grep -h "full4:" /tmp/test-*.log | head -2 | while read -r l; do note "$l"; done
+  if grep -q "FAILED" /tmp/test-model_gpu.log 2>/dev/null; then
+    LILY_PDL=0 timeout 200 .carry/test-model_gpu --test-threads 1 full4 > /tmp/nopdl.log 2>&1
+    note "model_gpu full4 without PDL: $(grep -E '^test result|full4:' /tmp/nopdl.log | tr '\n' ' ')"
+  fi
   timeout 200 "$lily" bench --device cuda --synthetic full --prompt-len 4096 --context 4096,32768 --gen 128 --runs 3 \
     > "$out/bench-decode.txt" 2> "$out/bench-decode.log" && note "$(cat "$out/bench-decode.txt")" || note "bench FAILED: $(tail -3 "$out/bench-decode.log")"
   LILY_PDL=0 timeout 100 "$lily" bench --device cuda --synthetic full --prompt-len 64 --context 4096 --gen 64 --runs 2 \

@@ -18,10 +18,10 @@ extern "C" __global__ void qk_prep_kernel(const float* __restrict__ qg, const fl
     pdl_wait();
     pdl_trigger();
     int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
-    long pos = (long)pos_ptr[0] + t;
+    long pos = (long)__ldcg(pos_ptr) + t;
     bool is_q = h < Hq;
     int kh = h - Hq;
-    float val = is_q ? qg[((long)t * Hq + h) * (gated ? 2 * Dh : Dh) + i] : k[((long)t * Hkv + kh) * Dh + i];
+    float val = is_q ? __ldcg(qg + ((long)t * Hq + h) * (gated ? 2 * Dh : Dh) + i) : __ldcg(k + ((long)t * Hkv + kh) * Dh + i);
     float inv = rsqrtf(block_sum(val * val) / Dh + eps);
     float xn = val * inv * (is_q ? qn1p[i] : kn1p[i]);
     buf[i] = xn;
@@ -40,7 +40,7 @@ extern "C" __global__ void qk_prep_kernel(const float* __restrict__ qg, const fl
     } else {
         long row = (pos * Hkv + kh) * Dh + i;
         kcache[row] = f2bf(out);
-        vcache[row] = f2bf(v[((long)t * Hkv + kh) * Dh + i]);
+        vcache[row] = f2bf(__ldcg(v + ((long)t * Hkv + kh) * Dh + i));
     }
 }
 
@@ -185,7 +185,7 @@ extern "C" __global__ void attention_decode_partial_kernel(const float* __restri
     const int h0 = kh * G + c * ATTD_HEADS, nh = min(ATTD_HEADS, G - c * ATTD_HEADS);
     const int s = blockIdx.y;
     // This split's keys [k0, k1), then this warp's share [a, b).
-    const long n = (long)pos_ptr[0] + 1;
+    const long n = (long)__ldcg(pos_ptr) + 1;
     const long chunk = (n + splits - 1) / splits;
     const long k0 = min((long)s * chunk, n), k1 = min(k0 + chunk, n);
     const long per = ((k1 - k0 + ATTD_WARPS - 1) / ATTD_WARPS + ATTD_BATCH - 1) / ATTD_BATCH * ATTD_BATCH;
@@ -203,8 +203,8 @@ extern "C" __global__ void attention_decode_partial_kernel(const float* __restri
         float4 x = {0.f, 0.f, 0.f, 0.f}, y = {0.f, 0.f, 0.f, 0.f};
         if (h < nh && act) {
             const float4* qr = reinterpret_cast<const float4*>(q + (long)(h0 + h) * Dh + d0);
-            x = qr[0];
-            y = qr[1];
+            x = __ldcg(qr);
+            y = __ldcg(qr + 1);
         }
         qv[i][0] = x.x * qs, qv[i][1] = x.y * qs, qv[i][2] = x.z * qs, qv[i][3] = x.w * qs;
         qv[i][4] = y.x * qs, qv[i][5] = y.y * qs, qv[i][6] = y.z * qs, qv[i][7] = y.w * qs;
@@ -224,7 +224,7 @@ extern "C" __global__ void attention_decode_partial_kernel(const float* __restri
         uint4 raw[ATTD_BATCH];
 #pragma unroll
         for (int j = 0; j < ATTD_BATCH; j++)
-            raw[j] = *reinterpret_cast<const uint4*>(kb + (j0 + min(j, nb - 1)) * rs);
+            raw[j] = __ldcg(reinterpret_cast<const uint4*>(kb + (j0 + min(j, nb - 1)) * rs));
         float sc[ATTD_BATCH];
 #pragma unroll
         for (int j = 0; j < ATTD_BATCH; j++) {
@@ -271,7 +271,7 @@ extern "C" __global__ void attention_decode_partial_kernel(const float* __restri
         }
 #pragma unroll
         for (int j = 0; j < ATTD_BATCH; j++)
-            raw[j] = *reinterpret_cast<const uint4*>(vb + (j0 + min(j, nb - 1)) * rs);
+            raw[j] = __ldcg(reinterpret_cast<const uint4*>(vb + (j0 + min(j, nb - 1)) * rs));
 #pragma unroll
         for (int j = 0; j < ATTD_BATCH; j++) {
             float vf[8];
@@ -347,7 +347,7 @@ extern "C" __global__ void attention_decode_merge_kernel(const float* __restrict
     const float* pm = part + pbase + (long)h * splits;
     const float* pl = part + pbase + (long)Hq * splits + (long)h * splits;
     float mx = -LILY_INF;
-    for (int s = threadIdx.x; s < splits; s += blockDim.x) mx = fmaxf(mx, pm[s]);
+    for (int s = threadIdx.x; s < splits; s += blockDim.x) mx = fmaxf(mx, __ldcg(pm + s));
     mx = warp_max(mx);
     if (lane == 0) sm_red[w] = mx;
     __syncthreads();
@@ -356,10 +356,10 @@ extern "C" __global__ void attention_decode_merge_kernel(const float* __restrict
     // M is finite: n >= 1, so split 0 has a key.
     float lsum = 0.f;
     for (int s = threadIdx.x; s < splits; s += blockDim.x) {
-        const float ms = pm[s];
+        const float ms = __ldcg(pm + s);
         const float f = ms == -LILY_INF ? 0.f : exp2f(ms - M);
         sm_w[s] = f;
-        lsum += pl[s] * f;
+        lsum += __ldcg(pl + s) * f;
     }
     const float L = block_sum(lsum);  // its barriers also publish sm_w
     const int d = blockIdx.y * 32 + lane;
@@ -373,7 +373,7 @@ extern "C" __global__ void attention_decode_merge_kernel(const float* __restrict
             const int s = s0 + u * ATTD_MERGE_WARPS;
             f[u] = s < splits ? sm_w[s] : 0.f;
             // Empty splits (and underflowed weights) are not read.
-            x[u] = f[u] != 0.f ? pa[(long)s * Dh] : 0.f;
+            x[u] = f[u] != 0.f ? __ldcg(pa + (long)s * Dh) : 0.f;
         }
 #pragma unroll
         for (int u = 0; u < ATTD_MERGE_UNROLL; u++) o = fmaf(f[u], x[u], o);
@@ -385,7 +385,7 @@ extern "C" __global__ void attention_decode_merge_kernel(const float* __restrict
 #pragma unroll
         for (int i = 0; i < ATTD_MERGE_WARPS; i++) v += sm_o[i][lane];
         v /= L;
-        if (gated) v *= sigmoidf_(qg[(long)h * 2 * Dh + Dh + d]);
+        if (gated) v *= sigmoidf_(__ldcg(qg + (long)h * 2 * Dh + Dh + d));
         out[(long)h * Dh + d] = f2bf(v);
     }
 }

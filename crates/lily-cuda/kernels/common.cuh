@@ -54,6 +54,18 @@ __device__ __forceinline__ void load8(const bf16* p, float* out) {
     }
 }
 
+// load8 through L2 only (ld.global.cg): for data an earlier kernel of the
+// decode step wrote (see pdl_wait below).
+__device__ __forceinline__ void load8_cg(const bf16* p, float* out) {
+    uint4 v = __ldcg(reinterpret_cast<const uint4*>(p));
+    unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        out[2 * i] = __uint_as_float(w[i] << 16);
+        out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+
 // One warp's dot product of a bf16 row with a bf16 vector (K % 8 == 0): each
 // lane streams 16-byte chunks, so the warp reads 512 contiguous bytes a step.
 // Every lane gets the sum.
@@ -63,7 +75,7 @@ __device__ __forceinline__ float warp_dot_bf16(const bf16* __restrict__ w, const
     for (int k = lane * 8; k < K; k += 256) {
         float a[8], b[8];
         load8(w + k, a);
-        load8(x + k, b);
+        load8_cg(x + k, b);
 #pragma unroll
         for (int i = 0; i < 8; i++) acc += a[i] * b[i];
     }
@@ -110,7 +122,11 @@ __device__ __forceinline__ bool last_block_add_norm(float* __restrict__ x, const
 // pdl_wait() blocks until every earlier kernel has completed and its writes
 // are visible. pdl_trigger() (after the wait, so at most one kernel runs
 // ahead) lets the next kernel launch early. Without the launch attribute both
-// are no-ops.
+// are no-ops. After the wait, whatever an earlier kernel wrote is read
+// through L2 (__ldcg, load8_cg): a block launched early shares its SM's L1
+// with the previous kernel's blocks, which may have cached the old contents
+// of a buffer that kernel then rewrote (gemv_add_norm reads h, then its last
+// block writes h), and no launch boundary invalidates those lines.
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
@@ -147,7 +163,7 @@ __device__ __forceinline__ float prefetched_dot(const bf16* __restrict__ w, cons
     for (int c = 0; c < NCH; c++) {
         float a[8], b[8];
         unpack8(r[c], a);
-        load8(x + lane * 8 + 256 * c, b);
+        load8_cg(x + lane * 8 + 256 * c, b);
 #pragma unroll
         for (int i = 0; i < 8; i++) acc += a[i] * b[i];
     }

@@ -7,7 +7,7 @@ extern "C" __global__ void embed_kernel(const bf16* __restrict__ table, const in
     pdl_wait();
     pdl_trigger();
     long t = blockIdx.x;
-    long row = ids[t];
+    long row = __ldcg(ids + t);
     for (int i = threadIdx.x; i < D; i += blockDim.x) x[t * D + i] = bf2f(table[row * D + i]);
 }
 

@@ -18,14 +18,14 @@ extern "C" __global__ void conv_silu_kernel(const float* __restrict__ mixed, flo
     float hist[8];  // W <= 8
     float wc[8];
     if (c < C) {
-        for (int j = 0; j < W - 1; j++) hist[j] = state[(long)c * (W - 1) + j];
+        for (int j = 0; j < W - 1; j++) hist[j] = __ldcg(state + (long)c * (W - 1) + j);
         for (int j = 0; j < W; j++) wc[j] = w[(long)c * W + j];
     }
     pdl_wait();
     pdl_trigger();
     if (c >= C) return;
     for (int t = 0; t < T; t++) {
-        float x = mixed[(long)t * C + c];
+        float x = __ldcg(mixed + (long)t * C + c);
         float acc = wc[W - 1] * x;
         for (int j = 0; j < W - 1; j++) acc += wc[j] * hist[j];
         for (int j = 0; j < W - 2; j++) hist[j] = hist[j + 1];
@@ -181,7 +181,7 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
     float4 s[4];
 #pragma unroll
     for (int i = 0; i < 4; i++)
-        s[i] = *reinterpret_cast<const float4*>(Sj + (long)(32 * i + 4 * warp + rs) * GDN_DEC_DV);
+        s[i] = __ldcg(reinterpret_cast<const float4*>(Sj + (long)(32 * i + 4 * warp + rs) * GDN_DEC_DV));
     // (the layer's own state: no earlier kernel of the step writes it, so it
     // streams in before the PDL wait, while the previous kernel finishes)
     pdl_wait();
@@ -191,25 +191,25 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
     //    (lane holds elements 4 lane .. 4 lane + 3), so no block barrier.
     const float* qg = conv + (long)kh * DK;
     const float* kg = conv + (long)Hk * DK + (long)kh * DK;
-    float4 q4 = *reinterpret_cast<const float4*>(qg + lane * 4);
-    float4 k4 = *reinterpret_cast<const float4*>(kg + lane * 4);
-    float4 v4 = *reinterpret_cast<const float4*>(conv + 2L * Hk * DK + (long)j * GDN_DEC_DV + col0 + cg * 4);
+    float4 q4 = __ldcg(reinterpret_cast<const float4*>(qg + lane * 4));
+    float4 k4 = __ldcg(reinterpret_cast<const float4*>(kg + lane * 4));
+    float4 v4 = __ldcg(reinterpret_cast<const float4*>(conv + 2L * Hk * DK + (long)j * GDN_DEC_DV + col0 + cg * 4));
     float kr[4], qr[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         int r = 32 * i + 4 * warp + rs;
-        kr[i] = kg[r];
-        qr[i] = qg[r];
+        kr[i] = __ldcg(kg + r);
+        qr[i] = __ldcg(qg + r);
     }
     // warp 0 finishes the block's columns (lane = column): its v, w, z now, off the critical path
     float vc = 0.f, wc = 0.f, zc = 0.f;
     if (warp == 0) {
-        vc = conv[2L * Hk * DK + (long)j * GDN_DEC_DV + col0 + lane];
+        vc = __ldcg(conv + 2L * Hk * DK + (long)j * GDN_DEC_DV + col0 + lane);
         wc = w[col0 + lane];
-        zc = siluf_(z[(long)j * GDN_DEC_DV + col0 + lane]);
+        zc = siluf_(__ldcg(z + (long)j * GDN_DEC_DV + col0 + lane));
     }
-    float beta = sigmoidf_(ba[j]);
-    float decay = expf(-expf(a_log[j]) * softplusf_(ba[Hv + j] + dt_bias[j]));
+    float beta = sigmoidf_(__ldcg(ba + j));
+    float decay = expf(-expf(a_log[j]) * softplusf_(__ldcg(ba + Hv + j) + dt_bias[j]));
     float ksq = warp_sum(k4.x * k4.x + k4.y * k4.y + k4.z * k4.z + k4.w * k4.w);
     float qsq = warp_sum(q4.x * q4.x + q4.y * q4.y + q4.z * q4.z + q4.w * q4.w);
     float kq = warp_sum(k4.x * q4.x + k4.y * q4.y + k4.z * q4.z + k4.w * q4.w);

@@ -125,7 +125,7 @@ __device__ __forceinline__ void gate_up_dots(const bf16* __restrict__ g, const b
         float a[8], b[8], x8[8];
         unpack8(rg[c], a);
         unpack8(ru[c], b);
-        load8(xr + lane * 8 + 256 * c, x8);
+        load8_cg(xr + lane * 8 + 256 * c, x8);
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             ag += a[i] * x8[i];
@@ -151,7 +151,7 @@ extern "C" __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const 
         const bf16* base = shared_gate_up;
         if (!shared) {
             pdl_wait();
-            base = gate_up + (long)idx[t * K + slot] * 2 * F * D;
+            base = gate_up + (long)__ldcg(idx + t * K + slot) * 2 * F * D;
         }
         const bf16* g = base + (long)(ok ? f : 0) * D;
         gate_up_dots<8>(g, g + (long)width * D, xr, shared, ok, ag, au);
@@ -159,7 +159,7 @@ extern "C" __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const 
         pdl_wait();
         pdl_trigger();
         if (!ok) return;
-        const bf16* base = shared ? shared_gate_up : gate_up + (long)idx[t * K + slot] * 2 * F * D;
+        const bf16* base = shared ? shared_gate_up : gate_up + (long)__ldcg(idx + t * K + slot) * 2 * F * D;
         const bf16* g = base + (long)f * D;
         const bf16* u = base + (long)(width + f) * D;
         ag = au = 0.f;
@@ -167,7 +167,7 @@ extern "C" __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const 
             float a[8], b[8], c[8];
             load8(g + k, a);
             load8(u + k, b);
-            load8(xr + k, c);
+            load8_cg(xr + k, c);
 #pragma unroll
             for (int i = 0; i < 8; i++) {
                 ag += a[i] * c[i];
@@ -194,17 +194,17 @@ __device__ __forceinline__ float moe_down_row(const bf16* __restrict__ h, const 
     for (int slot = 0; slot <= K; slot++) {
         bool shared = slot == K;
         int width = shared ? Fs : F;
-        const bf16* row = shared ? shared_down + (long)d * Fs : down + ((long)idx[t * K + slot] * D + d) * F;
+        const bf16* row = shared ? shared_down + (long)d * Fs : down + ((long)__ldcg(idx + t * K + slot) * D + d) * F;
         const bf16* hr = h + (t * (K + 1) + slot) * hw;
         float acc = 0.f;
         for (int k = lane * 8; k < width; k += 256) {
             float a[8], b[8];
             load8(row + k, a);
-            load8(hr + k, b);
+            load8_cg(hr + k, b);
 #pragma unroll
             for (int i = 0; i < 8; i++) acc += a[i] * b[i];
         }
-        total += wts[t * (K + 1) + slot] * warp_sum(acc);
+        total += __ldcg(wts + t * (K + 1) + slot) * warp_sum(acc);
     }
     return total;
 }
@@ -257,20 +257,20 @@ extern "C" __global__ void moe_down_norm_kernel(const bf16* __restrict__ h, cons
                 for (int c = 0; c < 2; c++) {
                     float a[8], b[8];
                     unpack8(r[slot][c], a);
-                    load8(hr + lane * 8 + 256 * c, b);
+                    load8_cg(hr + lane * 8 + 256 * c, b);
 #pragma unroll
                     for (int i = 0; i < 8; i++) acc += a[i] * b[i];
                 }
-                total += wts[slot] * warp_sum(acc);
+                total += __ldcg(wts + slot) * warp_sum(acc);
             }
-            if (lane == 0) x[d] += total;
+            if (lane == 0) x[d] = __ldcg(x + d) + total;
         }
     } else {
         pdl_wait();
         pdl_trigger();
         if (ok) {
             float total = moe_down_row(h, down, shared_down, idx, wts, D, F, Fs, K, 0, d);
-            if (lane == 0) x[d] += total;
+            if (lane == 0) x[d] = __ldcg(x + d) + total;
         }
     }
     last_block_add_norm(x, nullptr, w1p, out, D, eps, counter);

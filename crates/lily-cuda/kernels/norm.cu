@@ -12,15 +12,15 @@ extern "C" __global__ void add_rmsnorm_kernel(float* __restrict__ x, const float
     float* xr = x + t * D;
     float ss = 0.f;
     for (int i = threadIdx.x; i < D; i += blockDim.x) {
-        float v = xr[i];
+        float v = __ldcg(xr + i);
         if (delta) {
-            v += delta[t * D + i];
+            v += __ldcg(delta + t * D + i);
             xr[i] = v;
         }
         ss += v * v;
     }
     float inv = rsqrtf(block_sum(ss) / D + eps);
-    for (int i = threadIdx.x; i < D; i += blockDim.x) out[t * D + i] = f2bf(xr[i] * inv * w1p[i]);
+    for (int i = threadIdx.x; i < D; i += blockDim.x) out[t * D + i] = f2bf(__ldcg(xr + i) * inv * w1p[i]);
 }
 
 // GDN output norm per head: out = bf16(w * (o * rsqrt(mean(o^2) + eps)) * silu(z)).
