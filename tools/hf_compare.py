@@ -62,12 +62,12 @@ def procedural(n: int, start: int, seed: int, mean: float, std: float, device, r
         v = v + torch.tensor(mean, dtype=torch.float32, device=device)
         v = v.to(torch.bfloat16)
         if row_cols:
-            # 2^k per row, k = popcount of 16 hashed bits - 8: exact in bf16
+            # 2^k per row, k = popcount of 16 hashed bits - 11: exact in bf16
             bits = splitmix(torch.div(i, row_cols, rounding_mode="floor"), seed ^ ROW_SALT) & 0xFFFF
             k = torch.zeros_like(bits)
             for j in range(16):
                 k += (bits >> j) & 1
-            v = v * torch.pow(2.0, (k - 8).to(torch.float32)).to(torch.bfloat16)
+            v = v * torch.pow(2.0, (k - 11).to(torch.float32)).to(torch.bfloat16)
         out[a:b] = v
     return out
 

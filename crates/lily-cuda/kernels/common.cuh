@@ -140,13 +140,33 @@ __device__ __forceinline__ void unpack8(uint4 v, float* out) {
     }
 }
 
+// The block's copy of a decode activation vector in shared memory (up to
+// XS_MAX bf16): read once per block through L2 after the PDL wait, instead of
+// once per warp (which, for the lm_head, would read as many bytes from L2 as
+// the weights it streams). One static allocation per kernel that uses it.
+#define XS_MAX 9216
+__device__ __forceinline__ bf16* decode_xs() {
+    __shared__ __align__(16) bf16 xs[XS_MAX];
+    return xs;
+}
+
+// Copy n bf16 (n % 8 == 0, n <= XS_MAX) from global memory (through L2) into
+// decode_xs(); every thread of the block calls it (it ends with a barrier).
+__device__ __forceinline__ const bf16* stage_xs(const bf16* __restrict__ x, int n) {
+    bf16* xs = decode_xs();
+    for (int i = threadIdx.x * 8; i < n; i += blockDim.x * 8)
+        *reinterpret_cast<uint4*>(xs + i) = __ldcg(reinterpret_cast<const uint4*>(x + i));
+    __syncthreads();
+    return xs;
+}
+
 // A warp's dot product of a weight row with x, K = 256 * NCH: the lane's NCH
 // 16-byte chunks of the row (lane * 8 + 256 c) are all loaded into registers
 // before pdl_wait(), so the whole row is in flight at once (a loop that loads
 // a chunk and uses it keeps one 512-byte request per warp in flight, which
-// leaves a decode GEMV latency-bound), and x is read after the wait. The sum
-// runs in warp_dot_bf16's order. `ok` false (a warp past the last row): no
-// loads, returns 0; the wait and trigger still run.
+// leaves a decode GEMV latency-bound), and x is staged in shared memory after
+// the wait. The sum runs in warp_dot_bf16's order. `ok` false (a warp past
+// the last row): no loads, returns 0; the wait, trigger and staging still run.
 template <int NCH>
 __device__ __forceinline__ float prefetched_dot(const bf16* __restrict__ w, const bf16* __restrict__ x, bool ok) {
     const int lane = threadIdx.x & 31;
@@ -157,13 +177,14 @@ __device__ __forceinline__ float prefetched_dot(const bf16* __restrict__ w, cons
     }
     pdl_wait();
     pdl_trigger();
+    const bf16* xs = stage_xs(x, 256 * NCH);
     if (!ok) return 0.f;
     float acc = 0.f;
 #pragma unroll
     for (int c = 0; c < NCH; c++) {
         float a[8], b[8];
         unpack8(r[c], a);
-        load8_cg(x + lane * 8 + 256 * c, b);
+        load8(xs + lane * 8 + 256 * c, b);
 #pragma unroll
         for (int i = 0; i < 8; i++) acc += a[i] * b[i];
     }
@@ -172,7 +193,7 @@ __device__ __forceinline__ float prefetched_dot(const bf16* __restrict__ w, cons
 
 // prefetched_dot for the K of this model's decode GEMVs (512, 1024, 2048,
 // 4096), warp_dot_bf16 after the wait for any other K (K % 8 == 0). Every
-// thread of the block must call it (it holds the PDL wait).
+// thread of the block must call it (it holds the PDL wait and a barrier).
 __device__ __forceinline__ float decode_dot(const bf16* __restrict__ w, const bf16* __restrict__ x, int K, bool ok) {
     switch (K) {
         case 512: return prefetched_dot<2>(w, x, ok);

@@ -35,14 +35,14 @@ extern "C" __global__ void procedural_fill_kernel(bf16* __restrict__ out, u64 n,
 }
 
 // Row-scaled variant (lily_model::tensor::Procedural::value_rows): each row of
-// `cols` elements is multiplied by 2^k, k = popcount(16 hashed bits) - 8; a
+// `cols` elements is multiplied by 2^k, k = popcount(16 hashed bits) - 11; a
 // power of two keeps the bf16 value exact.
 #define ROW_SALT 0x5851F42D4C957F2Dull
 extern "C" __global__ void procedural_rows_fill_kernel(bf16* __restrict__ out, u64 n, u64 start, u64 seed, float mean,
                                                        float std_, u64 cols) {
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
         u64 g = i + start;
-        int k = __popcll(splitmix(seed ^ ROW_SALT, g / cols) & 0xffffull) - 8;
+        int k = __popcll(splitmix(seed ^ ROW_SALT, g / cols) & 0xffffull) - 11;
         out[i] = f2bf(__fmul_rn(bf2f(f2bf(procedural_value(seed, g, mean, std_))), exp2f((float)k)));
     }
 }

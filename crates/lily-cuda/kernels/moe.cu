@@ -111,6 +111,7 @@ __device__ __forceinline__ void gate_up_dots(const bf16* __restrict__ g, const b
     }
     pdl_wait();
     pdl_trigger();
+    xr = stage_xs(xr, 256 * NCH);
     ag = au = 0.f;
     if (!ok) return;
     if (!pre) {
@@ -125,7 +126,7 @@ __device__ __forceinline__ void gate_up_dots(const bf16* __restrict__ g, const b
         float a[8], b[8], x8[8];
         unpack8(rg[c], a);
         unpack8(ru[c], b);
-        load8_cg(xr + lane * 8 + 256 * c, x8);
+        load8(xr + lane * 8 + 256 * c, x8);
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             ag += a[i] * x8[i];
@@ -247,17 +248,18 @@ extern "C" __global__ void moe_down_norm_kernel(const bf16* __restrict__ h, cons
         }
         pdl_wait();
         pdl_trigger();
+        const bf16* hs = stage_xs(h, 9 * 512);
         if (ok) {
             float total = 0.f;
 #pragma unroll
             for (int slot = 0; slot < 9; slot++) {
-                const bf16* hr = h + slot * 512;
+                const bf16* hr = hs + slot * 512;
                 float acc = 0.f;
 #pragma unroll
                 for (int c = 0; c < 2; c++) {
                     float a[8], b[8];
                     unpack8(r[slot][c], a);
-                    load8_cg(hr + lane * 8 + 256 * c, b);
+                    load8(hr + lane * 8 + 256 * c, b);
 #pragma unroll
                     for (int i = 0; i < 8; i++) acc += a[i] * b[i];
                 }

@@ -85,19 +85,21 @@ impl Procedural {
     }
 
     /// The power-of-two scale exponent of row `row` in a row-scaled tensor:
-    /// popcount of 16 hashed bits minus 8, a binomial in -8..=8 whose 2^k is
-    /// roughly log-normal (std of log2 2^k = 2 octaves, like the spread of a
-    /// trained unembedding's row norms; a narrower spread leaves the top logits
-    /// of random weights so close that bf16 rounding alone decides the argmax
-    /// on a few percent of rows). Powers of two keep the
-    /// scaled values exact, so the GPU kernel and the torch rebuild match bit for bit.
+    /// popcount of 16 hashed bits minus 11, a binomial in -11..=5 whose 2^k is
+    /// roughly log-normal with a spread of 2 octaves, like a trained
+    /// unembedding's row norms (a narrower spread leaves the top logits of
+    /// random weights so close that bf16 rounding alone decides the argmax on
+    /// a few percent of rows). The offset puts the few high rows, which make
+    /// the largest logits, at the scale of a model that samples with some
+    /// variety at temperature 1. Powers of two keep the scaled values exact,
+    /// so the GPU kernel and the torch rebuild match bit for bit.
     #[inline]
     pub fn row_octave(&self, row: u64) -> i32 {
         let mut z = (self.seed ^ ROW_SALT) ^ row.wrapping_mul(0x9E37_79B9_7F4A_7C15);
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^= z >> 31;
-        (z & 0xffff).count_ones() as i32 - 8
+        (z & 0xffff).count_ones() as i32 - 11
     }
 
     /// Element `i` of a row-scaled tensor with `cols` columns: `value(i) * 2^row_octave(i / cols)`.
