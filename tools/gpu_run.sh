@@ -11,9 +11,11 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 out="${OUT:-$root/gpu-out}"
 mkdir -p "$out"
-lily="$root/.carry/lily"
-if [ -f "$root/.carry/bundle.tar.xz" ] && [ ! -x "$lily" ]; then
-  (cd "$root/.carry" && tar -xJf bundle.tar.xz)
+# LILY_CARRY: another unpacked build (e.g. .carry/safe, a second bundle carried alongside)
+carry="${LILY_CARRY:-$root/.carry}"
+lily="$carry/lily"
+if [ -f "$carry/bundle.tar.xz" ] && [ ! -x "$lily" ]; then
+  (cd "$carry" && tar -xJf bundle.tar.xz)
 fi
 mode="${1:-check}"
 
@@ -74,7 +76,7 @@ for l in sys.stdin:
   ;;
 check|decode)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
-  for t in .carry/test-*; do
+  for t in "$carry"/test-*; do
     if timeout 300 "$t" --test-threads 1 --nocapture > "$out/$(basename "$t").log" 2>&1; then
       note "$(basename "$t"): $(grep -E '^test result' "$out/$(basename "$t").log" | tail -1)"
     else
@@ -133,7 +135,7 @@ recheck)
 iter)
   # one optimisation round: every GPU test, decode at 4k/32k with the
   # in-graph profile, and the step without programmatic dependent launch
-  for t in .carry/test-*; do
+  for t in "$carry"/test-*; do
     timeout 200 "$t" --test-threads 1 > "/tmp/$(basename "$t").log" 2>&1 \
       && note "$(basename "$t"): $(grep -E '^test result' "/tmp/$(basename "$t").log" | tail -1)" \
       || note "$(basename "$t"): FAILED: $(grep -E -A3 'panicked' "/tmp/$(basename "$t").log" | head -5 | tr '\n' ' ')"

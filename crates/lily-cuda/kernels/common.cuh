@@ -160,6 +160,35 @@ __device__ __forceinline__ const bf16* stage_xs(const bf16* __restrict__ x, int 
     return xs;
 }
 
+// The input of a decode product: a bf16 vector x, or the RMSNorm of the f32
+// residual stream xf, bf16(xf * rsqrt(mean(xf^2) + eps) * w1p) (w1p non-null),
+// which every block of the consuming kernel computes for itself in
+// stage_input: the same sums in the same order as last_block_add_norm
+// (blockDim 256), so the bits match, but without a producer whose last block
+// runs the norm serially while the whole GPU waits.
+struct DecodeIn {
+    const bf16* x;
+    const float* xf;
+    const float* w1p;
+    float eps;
+};
+
+// Stage the input (n elements, n % 8 == 0, n <= XS_MAX) in decode_xs(); every
+// thread of the block calls it, after the PDL wait.
+__device__ __forceinline__ const bf16* stage_input(DecodeIn in, int n) {
+    if (!in.w1p) return stage_xs(in.x, n);
+    bf16* xs = decode_xs();
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = __ldcg(in.xf + i);
+        ss += v * v;
+    }
+    float inv = rsqrtf(block_sum(ss) / n + in.eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) xs[i] = f2bf(__ldcg(in.xf + i) * inv * in.w1p[i]);
+    __syncthreads();
+    return xs;
+}
+
 // A warp's dot product of a weight row with x, K = 256 * NCH: the lane's NCH
 // 16-byte chunks of the row (lane * 8 + 256 c) are all loaded into registers
 // before pdl_wait(), so the whole row is in flight at once (a loop that loads
@@ -168,7 +197,7 @@ __device__ __forceinline__ const bf16* stage_xs(const bf16* __restrict__ x, int 
 // the wait. The sum runs in warp_dot_bf16's order. `ok` false (a warp past
 // the last row): no loads, returns 0; the wait, trigger and staging still run.
 template <int NCH>
-__device__ __forceinline__ float prefetched_dot(const bf16* __restrict__ w, const bf16* __restrict__ x, bool ok) {
+__device__ __forceinline__ float prefetched_dot(const bf16* __restrict__ w, DecodeIn x, bool ok) {
     const int lane = threadIdx.x & 31;
     uint4 r[NCH];
     if (ok) {
@@ -177,7 +206,7 @@ __device__ __forceinline__ float prefetched_dot(const bf16* __restrict__ w, cons
     }
     pdl_wait();
     pdl_trigger();
-    const bf16* xs = stage_xs(x, 256 * NCH);
+    const bf16* xs = stage_input(x, 256 * NCH);
     if (!ok) return 0.f;
     float acc = 0.f;
 #pragma unroll
@@ -194,15 +223,27 @@ __device__ __forceinline__ float prefetched_dot(const bf16* __restrict__ w, cons
 // prefetched_dot for the K of this model's decode GEMVs (512, 1024, 2048,
 // 4096), warp_dot_bf16 after the wait for any other K (K % 8 == 0). Every
 // thread of the block must call it (it holds the PDL wait and a barrier).
-__device__ __forceinline__ float decode_dot(const bf16* __restrict__ w, const bf16* __restrict__ x, int K, bool ok) {
+__device__ __forceinline__ float decode_dot(const bf16* __restrict__ w, DecodeIn x, int K, bool ok) {
     switch (K) {
         case 512: return prefetched_dot<2>(w, x, ok);
         case 1024: return prefetched_dot<4>(w, x, ok);
         case 2048: return prefetched_dot<8>(w, x, ok);
         case 4096: return prefetched_dot<16>(w, x, ok);
-        default:
+        default: {
             pdl_wait();
             pdl_trigger();
-            return ok ? warp_dot_bf16(w, x, K) : 0.f;
+            if (K > XS_MAX) return ok ? warp_dot_bf16(w, x.x, K) : 0.f;  // (a normed input needs K <= XS_MAX)
+            const bf16* xs = stage_input(x, K);
+            if (!ok) return 0.f;
+            float acc = 0.f;
+            for (int k = (threadIdx.x & 31) * 8; k < K; k += 256) {
+                float a[8], b[8];
+                load8(w + k, a);
+                load8(xs + k, b);
+#pragma unroll
+                for (int i = 0; i < 8; i++) acc += a[i] * b[i];
+            }
+            return warp_sum(acc);
+        }
     }
 }

@@ -9,7 +9,7 @@ extern "C" __global__ void gemv_kernel(const bf16* __restrict__ W, const bf16* _
     int lane = threadIdx.x & 31;
     long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     bool ok = row < N;
-    float acc = decode_dot(W + (ok ? row : 0) * K, x, K, ok);
+    float acc = decode_dot(W + (ok ? row : 0) * K, DecodeIn{x, nullptr, nullptr, 0.f}, K, ok);
     if (ok && lane == 0) y[row] = acc;
 }
 
@@ -29,10 +29,13 @@ extern "C" __global__ void add_kernel(float* __restrict__ x, const float* __rest
 // (q/k/v of attention, qkv/z/ba of GDN): one warp per row of the concatenated
 // row ranges [0, N0) [N0, N0+N1) [N0+N1, N0+N1+N2), 8 rows per 256-thread block.
 // Saves launches in the decode graph, where each costs a dependency gap.
+// With w1p non-null the input is the mixer's input RMSNorm of the residual
+// stream xf [K] f32, computed by each block (stage_input), and x is unused.
 extern "C" __global__ void gemv3_kernel(const bf16* __restrict__ x, int K,
                                         const bf16* __restrict__ W0, float* __restrict__ y0, int N0,
                                         const bf16* __restrict__ W1, float* __restrict__ y1, int N1,
-                                        const bf16* __restrict__ W2, float* __restrict__ y2, int N2) {
+                                        const bf16* __restrict__ W2, float* __restrict__ y2, int N2,
+                                        const float* __restrict__ xf, const float* __restrict__ w1p, float eps) {
     int lane = threadIdx.x & 31;
     long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const bf16* W;
@@ -51,21 +54,28 @@ extern "C" __global__ void gemv3_kernel(const bf16* __restrict__ x, int K,
         y = y2;
         ok = row < N2;
     }
-    float acc = decode_dot(W + (ok ? row : 0) * K, x, K, ok);
+    float acc = decode_dot(W + (ok ? row : 0) * K, DecodeIn{x, xf, w1p, eps}, K, ok);
     if (ok && lane == 0) y[row] = acc;
 }
 
 // Decode output projection of a mixer with the residual add and the
 // post-attention RMSNorm fused in: delta[D] = W[D, K] h[K]; then the last
 // block does x += delta, out = norm(x) (out may alias h: every block has read
-// h before it counts itself done).
+// h before it counts itself done). With w1p null there is no norm: each
+// warp adds its row into x itself (x[row] += delta[row]; delta, out and
+// counter unused) and the kernels that read x next compute the norm
+// (stage_input), so no last block runs it serially.
 extern "C" __global__ void gemv_add_norm_kernel(const bf16* __restrict__ W, const bf16* h, float* __restrict__ delta,
                                                 int D, int K, float* __restrict__ x, const float* __restrict__ w1p,
                                                 bf16* out, float eps, unsigned* __restrict__ counter) {
     int lane = threadIdx.x & 31;
     long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     bool ok = row < D;
-    float acc = decode_dot(W + (ok ? row : 0) * K, h, K, ok);
+    float acc = decode_dot(W + (ok ? row : 0) * K, DecodeIn{h, nullptr, nullptr, 0.f}, K, ok);
+    if (!w1p) {
+        if (ok && lane == 0) x[row] = __ldcg(x + row) + acc;
+        return;
+    }
     if (ok && lane == 0) delta[row] = acc;
     last_block_add_norm(x, delta, w1p, out, D, eps, counter);
 }

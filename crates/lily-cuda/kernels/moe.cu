@@ -71,16 +71,18 @@ extern "C" __global__ void router_topk_kernel(const float* __restrict__ logits, 
 // 8 rows per 256-thread block, each row's weights in flight at once before
 // the PDL wait) and, in the block that finishes last, the top-K: one launch
 // instead of two. `counter` starts at 0 and is reset by the last block, so a
-// captured graph can replay it.
+// captured graph can replay it. With w1p non-null the input is the RMSNorm
+// of the residual stream xf (stage_input) and x is unused.
 extern "C" __global__ void router_decode_kernel(const bf16* __restrict__ W, const bf16* __restrict__ x,
                                                 float* __restrict__ logits, int D, int E, int K,
                                                 int* __restrict__ idx, float* __restrict__ wts,
-                                                unsigned* __restrict__ counter) {
+                                                unsigned* __restrict__ counter, const float* __restrict__ xf,
+                                                const float* __restrict__ w1p, float eps) {
     __shared__ bool last;
     int lane = threadIdx.x & 31;
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     bool ok = row <= E;
-    float acc = decode_dot(W + (long)(ok ? row : 0) * D, x, D, ok);
+    float acc = decode_dot(W + (long)(ok ? row : 0) * D, DecodeIn{x, xf, w1p, eps}, D, ok);
     if (ok && lane == 0) logits[row] = acc;
     __threadfence();
     __syncthreads();
@@ -99,7 +101,7 @@ extern "C" __global__ void router_decode_kernel(const bf16* __restrict__ W, cons
 // are in flight at once; the shared expert's rows are loaded before the wait.
 template <int NCH>
 __device__ __forceinline__ void gate_up_dots(const bf16* __restrict__ g, const bf16* __restrict__ u,
-                                             const bf16* __restrict__ xr, bool pre, bool ok, float& ag, float& au) {
+                                             DecodeIn in, bool pre, bool ok, float& ag, float& au) {
     const int lane = threadIdx.x & 31;
     uint4 rg[NCH], ru[NCH];
     if (pre && ok) {
@@ -111,7 +113,7 @@ __device__ __forceinline__ void gate_up_dots(const bf16* __restrict__ g, const b
     }
     pdl_wait();
     pdl_trigger();
-    xr = stage_xs(xr, 256 * NCH);
+    const bf16* xr = stage_input(in, 256 * NCH);
     ag = au = 0.f;
     if (!ok) return;
     if (!pre) {
@@ -135,9 +137,12 @@ __device__ __forceinline__ void gate_up_dots(const bf16* __restrict__ g, const b
     }
 }
 
+// With w1p non-null (one decode token) the input is the RMSNorm of the
+// residual stream xf (stage_input) and x is unused.
 extern "C" __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const bf16* __restrict__ gate_up,
                                               const bf16* __restrict__ shared_gate_up, const int* __restrict__ idx,
-                                              bf16* __restrict__ h, int D, int F, int Fs, int K) {
+                                              bf16* __restrict__ h, int D, int F, int Fs, int K,
+                                              const float* __restrict__ xf, const float* __restrict__ w1p, float eps) {
     int lane = threadIdx.x & 31;
     int f = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int slot = blockIdx.y;
@@ -155,10 +160,11 @@ extern "C" __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const 
             base = gate_up + (long)__ldcg(idx + t * K + slot) * 2 * F * D;
         }
         const bf16* g = base + (long)(ok ? f : 0) * D;
-        gate_up_dots<8>(g, g + (long)width * D, xr, shared, ok, ag, au);
+        gate_up_dots<8>(g, g + (long)width * D, DecodeIn{xr, xf, w1p, eps}, shared, ok, ag, au);
     } else {
         pdl_wait();
         pdl_trigger();
+        if (w1p) xr = stage_input(DecodeIn{xr, xf, w1p, eps}, D);  // (D <= XS_MAX)
         if (!ok) return;
         const bf16* base = shared ? shared_gate_up : gate_up + (long)__ldcg(idx + t * K + slot) * 2 * F * D;
         const bf16* g = base + (long)f * D;
@@ -168,7 +174,7 @@ extern "C" __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const 
             float a[8], b[8], c[8];
             load8(g + k, a);
             load8(u + k, b);
-            load8_cg(xr + k, c);
+            if (w1p) load8(xr + k, c); else load8_cg(xr + k, c);
 #pragma unroll
             for (int i = 0; i < 8; i++) {
                 ag += a[i] * c[i];
@@ -227,7 +233,8 @@ extern "C" __global__ void moe_down_kernel(const bf16* __restrict__ h, const bf1
 // the wait): a lane's 2 chunks of each of the 9 rows are all in flight before
 // the PDL wait. The expert ids come from the router, which completed before
 // the previous kernel (gate/up) passed its own wait, and so before this
-// kernel could launch; they are read through L2.
+// kernel could launch; they are read through L2. With w1p null there is no
+// norm (out and counter unused): the next kernels norm x themselves.
 extern "C" __global__ void moe_down_norm_kernel(const bf16* __restrict__ h, const bf16* __restrict__ down,
                                                 const bf16* __restrict__ shared_down, const int* __restrict__ idx,
                                                 const float* __restrict__ wts, float* __restrict__ x,
@@ -275,7 +282,7 @@ extern "C" __global__ void moe_down_norm_kernel(const bf16* __restrict__ h, cons
             if (lane == 0) x[d] = __ldcg(x + d) + total;
         }
     }
-    last_block_add_norm(x, nullptr, w1p, out, D, eps, counter);
+    if (w1p) last_block_add_norm(x, nullptr, w1p, out, D, eps, counter);
 }
 
 // ---- Prefill: experts as grouped GEMMs ----

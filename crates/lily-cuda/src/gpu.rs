@@ -405,7 +405,12 @@ pub fn compile_kernels() -> Result<Vec<(&'static str, cudarc::nvrtc::Ptx, Vec<St
 /// kernel launched that way without waiting would race the kernel before it,
 /// so only the body itself (braces matched) counts, not its neighbours.
 pub fn pdl_kernels(src: &str) -> Vec<String> {
-    const WAITS: [&str; 4] = ["pdl_wait(", "decode_dot(", "prefetched_dot<", "gate_up_dots<"];
+    const WAITS: [&str; 4] = [
+        "pdl_wait(",
+        "decode_dot(",
+        "prefetched_dot<",
+        "gate_up_dots<",
+    ];
     let mut out = Vec::new();
     for (name, at) in kernel_names(src).into_iter().zip(kernel_starts(src)) {
         let body = kernel_body(&src[at..]);
@@ -418,7 +423,9 @@ pub fn pdl_kernels(src: &str) -> Vec<String> {
 
 /// Byte offsets of each `extern "C" __global__` kernel declaration.
 fn kernel_starts(src: &str) -> Vec<usize> {
-    src.match_indices("extern \"C\" __global__ void ").map(|(i, _)| i).collect()
+    src.match_indices("extern \"C\" __global__ void ")
+        .map(|(i, _)| i)
+        .collect()
 }
 
 /// The text of the first brace-matched `{ ... }` in `src` (a kernel body;
@@ -459,7 +466,9 @@ fn kernel_names(src: &str) -> Vec<String> {
             if !(word.ends_with("__") && word.len() > 4) {
                 break;
             }
-            let Some(close) = rest[open..].find(')') else { break };
+            let Some(close) = rest[open..].find(')') else {
+                break;
+            };
             rest = rest[open + close + 1..].trim_start();
         }
         if let Some(end) = rest.find('(') {
@@ -479,7 +488,8 @@ mod tests {
         for (file, src) in super::KERNEL_FILES {
             for n in super::kernel_names(src) {
                 assert!(
-                    !n.starts_with("__") && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+                    !n.starts_with("__")
+                        && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
                     "{file}.cu: bad kernel name {n:?}"
                 );
             }
@@ -493,7 +503,10 @@ mod tests {
         let mut all = Vec::new();
         for (_, src) in super::KERNEL_FILES {
             let src = src.replace("#include \"common.cuh\"", super::COMMON);
-            assert_eq!(super::kernel_names(&src).len(), super::kernel_starts(&src).len());
+            assert_eq!(
+                super::kernel_names(&src).len(),
+                super::kernel_starts(&src).len()
+            );
             all.extend(super::pdl_kernels(&src));
         }
         all.sort();

@@ -405,7 +405,16 @@ impl CudaModel {
 
     /// Three projections of the same input x[T, K]: one launch for a decode
     /// token, three GEMMs for prefill. Each entry is (weight [N, K], y [T, N], N).
-    fn linear3(&self, x: u64, t: usize, k: usize, p: [(&DevBuf, u64, usize); 3]) -> Result<()> {
+    /// A decode token's input is `norm` of the residual stream, computed by
+    /// the kernel itself (`x` unused); prefill's is `x`, normed before.
+    fn linear3(
+        &self,
+        x: u64,
+        t: usize,
+        k: usize,
+        p: [(&DevBuf, u64, usize); 3],
+        norm: &DevBuf,
+    ) -> Result<()> {
         if t > 1 {
             for (w, y, n) in p {
                 self.linear(x, w, y, t, n, k)?;
@@ -418,6 +427,11 @@ impl CudaModel {
             debug_assert_eq!(w.bytes, n * k * 2);
             args.extend([Arg::Ptr(w.ptr), Arg::Ptr(y), Arg::I32(n as i32)]);
         }
+        args.extend([
+            Arg::Ptr(self.s.x.ptr),
+            Arg::Ptr(norm.ptr),
+            Arg::F32(self.cfg.rms_norm_eps),
+        ]);
         self.gpu.launch(
             "gemv3_kernel",
             (rows.div_ceil(8) as u32, 1, 1),
@@ -466,13 +480,15 @@ impl CudaModel {
         )?;
         let norm_bytes = (d * 4 * 3 + d * 2) as u64;
         self.mark("embed", (d * 2 + d * 4) as u64)?;
-        // One decode token: each RMSNorm runs in the last block of the kernel
-        // before it (the mixer's output projection, the MoE down product), so
-        // only the first layer's input norm is a launch of its own. After the
-        // last layer `s.h` holds the final-normed hidden state.
+        // One decode token: each RMSNorm is computed by the blocks of the
+        // kernels that read it (the mixer's input projections, the router and
+        // the experts' gate/up) from the residual stream, which the output
+        // projections and the down product update in place; only the final
+        // norm runs in the last block of the last down product, leaving the
+        // final-normed hidden state in `s.h` for the lm_head.
         let fused = t == 1;
         for (l, (lw, ls)) in self.w.layers.iter().zip(st.layers.iter()).enumerate() {
-            if !fused || l == 0 {
+            if !fused {
                 self.add_norm(s.x.ptr, None, &lw.input_norm, s.h.ptr, t)?;
                 self.mark("norms", norm_bytes)?;
             }
@@ -484,13 +500,9 @@ impl CudaModel {
                 self.add_norm(s.x.ptr, Some(s.delta.ptr), &lw.post_norm, s.h.ptr, t)?;
                 self.mark("norms", norm_bytes)?;
             }
-            let next_norm = self
-                .w
-                .layers
-                .get(l + 1)
-                .map(|n| &n.input_norm)
-                .unwrap_or(&self.w.norm);
-            self.moe(lw, t, next_norm)
+            // the final norm, after the last layer (decode: in the down product's last block)
+            let final_norm = (l + 1 == self.w.layers.len()).then_some(&self.w.norm);
+            self.moe(lw, t, final_norm)
                 .map_err(|e| e.context(format!("layer {l} moe")))?;
         }
         Ok(())
@@ -516,6 +528,7 @@ impl CudaModel {
                 (&a.k, s.k.ptr, hkv * dh),
                 (&a.v, s.v.ptr, hkv * dh),
             ],
+            &lw.input_norm,
         )?;
         self.mark("attn qkv proj", (a.q.bytes + a.k.bytes + a.v.bytes) as u64)?;
         let gated = cfg.attn_output_gate as i32;
@@ -583,7 +596,7 @@ impl CudaModel {
             )?;
         }
         self.mark("attn core", attention_core_bytes(cfg, self.prof_pos()))?;
-        self.out_proj(&a.o, hq * dh, &lw.post_norm, t)?;
+        self.out_proj(&a.o, hq * dh, t)?;
         self.mark("attn o proj", a.o.bytes as u64)
     }
 
@@ -609,6 +622,7 @@ impl CudaModel {
                 (&w.z, s.z.ptr, hv * dv),
                 (&w.ba, s.ba.ptr, 2 * hv),
             ],
+            &lw.input_norm,
         )?;
         self.mark("gdn in proj", (w.qkv.bytes + w.z.bytes + w.ba.bytes) as u64)?;
         g.launch(
@@ -675,7 +689,7 @@ impl CudaModel {
             )?;
         }
         self.mark("gdn core", gdn_core_bytes(cfg))?;
-        self.out_proj(&w.out, hv * dv, &lw.post_norm, t)?;
+        self.out_proj(&w.out, hv * dv, t)?;
         self.mark("gdn out proj", w.out.bytes as u64)
     }
 
@@ -806,9 +820,9 @@ impl CudaModel {
     }
 
     /// A mixer's output projection h[T, k] -> delta[T, D]; for one decode
-    /// token with the residual add and `post_norm` fused in (x += delta,
-    /// h = norm(x)), which prefill runs as its own kernel.
-    fn out_proj(&self, w: &DevBuf, k: usize, post_norm: &DevBuf, t: usize) -> Result<()> {
+    /// token with the residual add fused in (x += W h; the router and the
+    /// experts norm x themselves), which prefill runs as its own kernel.
+    fn out_proj(&self, w: &DevBuf, k: usize, t: usize) -> Result<()> {
         let (d, s) = (self.cfg.hidden_size, &self.s);
         if t > 1 {
             return self.linear(s.h.ptr, w, s.delta.ptr, t, d, k);
@@ -825,7 +839,7 @@ impl CudaModel {
                 Arg::I32(d as i32),
                 Arg::I32(k as i32),
                 Arg::Ptr(s.x.ptr),
-                Arg::Ptr(post_norm.ptr),
+                Arg::Ptr(0), // no norm: x += W h
                 Arg::Ptr(s.h.ptr),
                 Arg::F32(self.cfg.rms_norm_eps),
                 Arg::Ptr(s.counter.ptr),
@@ -833,10 +847,10 @@ impl CudaModel {
         )
     }
 
-    /// The MoE block; `next_norm` is the RMSNorm weight (1 + w) of what
-    /// follows (the next layer's input norm, or the final norm), which one
-    /// decode token runs fused into the down product's last block.
-    fn moe(&self, lw: &DevLayer, t: usize, next_norm: &DevBuf) -> Result<()> {
+    /// The MoE block. A decode token's router and gate/up products norm the
+    /// residual stream themselves (`post_norm`); `final_norm` (after the last
+    /// layer) runs in the down product's last block, into `s.h`.
+    fn moe(&self, lw: &DevLayer, t: usize, final_norm: Option<&DevBuf>) -> Result<()> {
         let (cfg, g, s) = (&self.cfg, &self.gpu, &self.s);
         let (d, e, k, f, fs) = (
             cfg.hidden_size,
@@ -861,6 +875,9 @@ impl CudaModel {
                     Arg::Ptr(s.idx.ptr),
                     Arg::Ptr(s.wts.ptr),
                     Arg::Ptr(s.counter.ptr),
+                    Arg::Ptr(s.x.ptr),
+                    Arg::Ptr(lw.post_norm.ptr),
+                    Arg::F32(cfg.rms_norm_eps),
                 ],
             )?;
         } else {
@@ -901,9 +918,12 @@ impl CudaModel {
                 Arg::I32(f as i32),
                 Arg::I32(fs as i32),
                 Arg::I32(k as i32),
+                Arg::Ptr(s.x.ptr),
+                Arg::Ptr(lw.post_norm.ptr),
+                Arg::F32(cfg.rms_norm_eps),
             ],
         )?;
-        // one decode token: the next RMSNorm fused into the down product
+        // one decode token: the final RMSNorm fused into the last down product
         g.launch(
             "moe_down_norm_kernel",
             (d.div_ceil(8) as u32, 1, 1),
@@ -920,7 +940,7 @@ impl CudaModel {
                 Arg::I32(f as i32),
                 Arg::I32(fs as i32),
                 Arg::I32(k as i32),
-                Arg::Ptr(next_norm.ptr),
+                Arg::Ptr(final_norm.map_or(0, |n| n.ptr)),
                 Arg::Ptr(s.h.ptr),
                 Arg::F32(cfg.rms_norm_eps),
                 Arg::Ptr(s.counter.ptr),
@@ -1042,7 +1062,13 @@ impl CudaModel {
         self.gpu.set_skip(true);
         let r = self.layers(st, 1).and_then(|_| self.lm_head_decode());
         self.gpu.set_skip(false);
-        let order = self.ablate.lock().unwrap().take().map(|a| a.order).unwrap_or_default();
+        let order = self
+            .ablate
+            .lock()
+            .unwrap()
+            .take()
+            .map(|a| a.order)
+            .unwrap_or_default();
         r?;
         let mut groups: Vec<&'static str> = Vec::new();
         for g in &order {

@@ -154,11 +154,19 @@ pub struct Ablation {
 impl Ablation {
     /// A pass that only records the group order.
     pub fn learn() -> Ablation {
-        Ablation { order: Vec::new(), target: None, passed: 0 }
+        Ablation {
+            order: Vec::new(),
+            target: None,
+            passed: 0,
+        }
     }
 
     pub fn skip(order: Vec<&'static str>, target: &'static str) -> Ablation {
-        Ablation { order, target: Some(target), passed: 0 }
+        Ablation {
+            order,
+            target: Some(target),
+            passed: 0,
+        }
     }
 
     /// Whether the launches before the first mark are skipped.
@@ -180,21 +188,34 @@ impl Ablation {
 
 /// Microseconds per replay of `graph`: `reps` replays between two events,
 /// the median of three such runs (after one warm-up replay).
-pub fn time_graph(stream: &CudaStream, graph: &cudarc::driver::CudaGraph, reps: usize) -> Result<f64> {
+pub fn time_graph(
+    stream: &CudaStream,
+    graph: &cudarc::driver::CudaGraph,
+    reps: usize,
+) -> Result<f64> {
     let reps = reps.max(1);
     let (a, b) = (new_event()?, new_event()?);
     let run = || -> Result<f64> {
-        unsafe { event::record(a, stream.cu_stream()) }.map_err(|e| anyhow!("cuEventRecord: {e:?}"))?;
+        unsafe { event::record(a, stream.cu_stream()) }
+            .map_err(|e| anyhow!("cuEventRecord: {e:?}"))?;
         for _ in 0..reps {
-            graph.launch().map_err(|e| anyhow!("launching a profile graph: {e:?}"))?;
+            graph
+                .launch()
+                .map_err(|e| anyhow!("launching a profile graph: {e:?}"))?;
         }
-        unsafe { event::record(b, stream.cu_stream()) }.map_err(|e| anyhow!("cuEventRecord: {e:?}"))?;
-        stream.synchronize().map_err(|e| anyhow!("CUDA error: {e:?}"))?;
-        let ms = unsafe { event::elapsed(a, b) }.map_err(|e| anyhow!("cuEventElapsedTime: {e:?}"))?;
+        unsafe { event::record(b, stream.cu_stream()) }
+            .map_err(|e| anyhow!("cuEventRecord: {e:?}"))?;
+        stream
+            .synchronize()
+            .map_err(|e| anyhow!("CUDA error: {e:?}"))?;
+        let ms =
+            unsafe { event::elapsed(a, b) }.map_err(|e| anyhow!("cuEventElapsedTime: {e:?}"))?;
         Ok(ms as f64 * 1e3 / reps as f64)
     };
     let res = (|| {
-        graph.launch().map_err(|e| anyhow!("launching a profile graph: {e:?}"))?;
+        graph
+            .launch()
+            .map_err(|e| anyhow!("launching a profile graph: {e:?}"))?;
         let mut v = vec![run()?, run()?, run()?];
         v.sort_by(f64::total_cmp);
         Ok(v[1])

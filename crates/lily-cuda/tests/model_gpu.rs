@@ -270,6 +270,9 @@ fn router_decode_matches_the_cpu() {
                 Arg::Ptr(idx.ptr),
                 Arg::Ptr(wts.ptr),
                 Arg::Ptr(counter.ptr),
+                Arg::Ptr(0), // input x as given (no norm)
+                Arg::Ptr(0),
+                Arg::F32(0.0),
             ],
         )
         .unwrap();
@@ -299,14 +302,14 @@ fn router_decode_matches_the_cpu() {
 }
 
 /// Three projections of one input in one launch (gemv3_kernel) against the
-/// CPU's three linears, at the GDN input sizes (8192, 4096 and 64 rows).
+/// CPU's three linears, at the GDN input sizes (8192, 4096 and 64 rows): once
+/// on a bf16 input, once on the RMSNorm of an f32 residual stream that each
+/// block computes itself (the decode path).
 #[test]
 fn gemv3_matches_the_cpu() {
     let Some(g) = gpu() else { return };
-    let k = 2048usize;
+    let (k, eps) = (2048usize, 1e-6f32);
     let ns = [8192usize, 4096, 64];
-    let x = round_bf16(&random(k, 700, 0.0, 1.0));
-    let xb = g.upload_new(&bf16_bits(&x)).unwrap();
     let ws: Vec<Mat> = ns
         .iter()
         .enumerate()
@@ -317,29 +320,64 @@ fn gemv3_matches_the_cpu() {
         .map(|w| g.upload_new(&bf16_bits(&w.t.to_f32_vec())).unwrap())
         .collect();
     let ys: Vec<_> = ns.iter().map(|n| g.alloc(n * 4).unwrap()).collect();
-    let mut args = vec![Arg::Ptr(xb.ptr), Arg::I32(k as i32)];
-    for i in 0..3 {
+    for normed in [false, true] {
+        let xf = random(k, 700, 0.3, 2.0);
+        let w1p: Vec<f32> = random(k, 701, 1.0, 0.2);
+        // the CPU's input: bf16 x, or bf16(norm(xf) * w1p)
+        let x = if normed {
+            let ms = xf.iter().map(|v| (v * v) as f64).sum::<f64>() / k as f64;
+            let inv = 1.0 / (ms + eps as f64).sqrt();
+            round_bf16(
+                &xf.iter()
+                    .zip(&w1p)
+                    .map(|(v, w)| (*v as f64 * inv * *w as f64) as f32)
+                    .collect::<Vec<_>>(),
+            )
+        } else {
+            round_bf16(&xf)
+        };
+        let xb = g.upload_new(&bf16_bits(&x)).unwrap();
+        let xfb = g.upload_new(&xf).unwrap();
+        let wpb = g.upload_new(&w1p).unwrap();
+        let mut args = vec![
+            Arg::Ptr(if normed { 0 } else { xb.ptr }),
+            Arg::I32(k as i32),
+        ];
+        for i in 0..3 {
+            args.extend([
+                Arg::Ptr(wbs[i].ptr),
+                Arg::Ptr(ys[i].ptr),
+                Arg::I32(ns[i] as i32),
+            ]);
+        }
         args.extend([
-            Arg::Ptr(wbs[i].ptr),
-            Arg::Ptr(ys[i].ptr),
-            Arg::I32(ns[i] as i32),
+            Arg::Ptr(xfb.ptr),
+            Arg::Ptr(if normed { wpb.ptr } else { 0 }),
+            Arg::F32(eps),
         ]);
-    }
-    let rows: usize = ns.iter().sum();
-    g.launch(
-        "gemv3_kernel",
-        (rows.div_ceil(8) as u32, 1, 1),
-        (256, 1, 1),
-        0,
-        &args,
-    )
-    .unwrap();
-    for i in 0..3 {
-        let got: Vec<f32> = g.download(ys[i].ptr, ns[i]).unwrap();
-        let want = linear(&x, 1, &ws[i]);
-        let e = rel_l2(&got, &want);
-        // same bf16 inputs, f32 accumulation in another order: ~1e-6
-        assert!(e < 1e-4, "projection {i} ({} rows): relative L2 {e}", ns[i]);
+        let rows: usize = ns.iter().sum();
+        g.launch(
+            "gemv3_kernel",
+            (rows.div_ceil(8) as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &args,
+        )
+        .unwrap();
+        for i in 0..3 {
+            let got: Vec<f32> = g.download(ys[i].ptr, ns[i]).unwrap();
+            let want = linear(&x, 1, &ws[i]);
+            let e = rel_l2(&got, &want);
+            // same bf16 inputs, f32 accumulation in another order: ~1e-6; the
+            // normed input may round an element to the neighbouring bf16
+            // (f32 vs f64 norm): ~1e-3
+            let tol = if normed { 4e-3 } else { 1e-4 };
+            assert!(
+                e < tol,
+                "normed {normed}, projection {i} ({} rows): relative L2 {e}",
+                ns[i]
+            );
+        }
     }
 }
 
@@ -404,5 +442,39 @@ fn gemv_add_norm_matches_the_cpu() {
         let eo = rel_l2(&got_out, &want_out);
         assert!(ex < 1e-5, "call {call}: residual relative L2 {ex}");
         assert!(eo < 4e-3, "call {call}: normed output relative L2 {eo}");
+        // the decode form: no norm, each warp adds its row into x (x += W h)
+        g.upload(xb.ptr, &x0).unwrap();
+        let h2 = round_bf16(&random(k, 840 + call, 0.0, 1.0));
+        g.upload(hb.ptr, &bf16_bits(&h2)).unwrap();
+        g.launch(
+            "gemv_add_norm_kernel",
+            (d.div_ceil(8) as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(wb.ptr),
+                Arg::Ptr(hb.ptr),
+                Arg::Ptr(delta.ptr),
+                Arg::I32(d as i32),
+                Arg::I32(k as i32),
+                Arg::Ptr(xb.ptr),
+                Arg::Ptr(0),
+                Arg::Ptr(0),
+                Arg::F32(eps),
+                Arg::Ptr(0),
+            ],
+        )
+        .unwrap();
+        let got_x: Vec<f32> = g.download(xb.ptr, d).unwrap();
+        let want_x: Vec<f32> = x0
+            .iter()
+            .zip(&linear(&h2, 1, &w))
+            .map(|(a, b)| a + b)
+            .collect();
+        let ex = rel_l2(&got_x, &want_x);
+        assert!(
+            ex < 1e-5,
+            "call {call}: residual (no norm) relative L2 {ex}"
+        );
     }
 }
