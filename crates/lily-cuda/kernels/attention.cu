@@ -138,17 +138,6 @@ extern "C" __global__ void attention_kernel(const float* __restrict__ q, const b
 #define ATTD_MAX_SPLITS 1024
 #define ATTD_LOG2E 1.4426950408889634f
 
-// 8 bf16 held in a uint4 widened to f32: load8 split in two, so a batch of 8
-// rows is loaded first and held packed (32 registers, not 64) until used.
-__device__ __forceinline__ void attd_unpack8(uint4 v, float* out) {
-    unsigned w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        out[2 * i] = __uint_as_float(w[i] << 16);
-        out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    }
-}
-
 // p[i], i < 8: one lane's partial dot products for the heads i ^ ((lane >> 2) & 7)
 // (each lane keeps its q heads in that order). Returns the sum over the warp
 // of the lane's head (lane >> 2) & 7, i.e. of p[0]: at xor step 16 a lane's
@@ -229,7 +218,7 @@ extern "C" __global__ void attention_decode_partial_kernel(const float* __restri
 #pragma unroll
         for (int j = 0; j < ATTD_BATCH; j++) {
             float kf[8], pr[ATTD_HEADS];
-            attd_unpack8(raw[j], kf);
+            unpack8(raw[j], kf);
 #pragma unroll
             for (int h = 0; h < ATTD_HEADS; h++) {
                 float t = 0.f;
@@ -275,7 +264,7 @@ extern "C" __global__ void attention_decode_partial_kernel(const float* __restri
 #pragma unroll
         for (int j = 0; j < ATTD_BATCH; j++) {
             float vf[8];
-            attd_unpack8(raw[j], vf);
+            unpack8(raw[j], vf);
             const float4* pp = reinterpret_cast<const float4*>(sm_p[w][j]);
             const float4 p0 = pp[0], p1 = pp[1];
             const float pj[ATTD_HEADS] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};

@@ -43,9 +43,8 @@ __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + expf(-
 __device__ __forceinline__ float siluf_(float x) { return x / (1.f + expf(-x)); }
 __device__ __forceinline__ float softplusf_(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 
-// 8 bf16 (16 bytes) widened to f32.
-__device__ __forceinline__ void load8(const bf16* p, float* out) {
-    uint4 v = *reinterpret_cast<const uint4*>(p);
+// 8 bf16 held in a uint4 (16 bytes), widened to f32.
+__device__ __forceinline__ void unpack8(uint4 v, float* out) {
     unsigned w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -53,29 +52,30 @@ __device__ __forceinline__ void load8(const bf16* p, float* out) {
         out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
     }
 }
+
+__device__ __forceinline__ void load8(const bf16* p, float* out) { unpack8(*reinterpret_cast<const uint4*>(p), out); }
 
 // load8 through L2 only (ld.global.cg): for data an earlier kernel of the
 // decode step wrote (see pdl_wait below).
 __device__ __forceinline__ void load8_cg(const bf16* p, float* out) {
-    uint4 v = __ldcg(reinterpret_cast<const uint4*>(p));
-    unsigned w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        out[2 * i] = __uint_as_float(w[i] << 16);
-        out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    }
+    unpack8(__ldcg(reinterpret_cast<const uint4*>(p)), out);
 }
 
 // One warp's dot product of a bf16 row with a bf16 vector (K % 8 == 0): each
 // lane streams 16-byte chunks, so the warp reads 512 contiguous bytes a step.
-// Every lane gets the sum.
-__device__ __forceinline__ float warp_dot_bf16(const bf16* __restrict__ w, const bf16* __restrict__ x, int K) {
+// x is read through L2 (x_l2: written by an earlier kernel of the step) or
+// plainly (x in shared memory). Every lane gets the sum.
+__device__ __forceinline__ float warp_dot_bf16(const bf16* __restrict__ w, const bf16* __restrict__ x, int K,
+                                               bool x_l2) {
     int lane = threadIdx.x & 31;
     float acc = 0.f;
     for (int k = lane * 8; k < K; k += 256) {
         float a[8], b[8];
         load8(w + k, a);
-        load8_cg(x + k, b);
+        if (x_l2)
+            load8_cg(x + k, b);
+        else
+            load8(x + k, b);
 #pragma unroll
         for (int i = 0; i < 8; i++) acc += a[i] * b[i];
     }
@@ -129,16 +129,6 @@ __device__ __forceinline__ bool last_block_add_norm(float* __restrict__ x, const
 // block writes h), and no launch boundary invalidates those lines.
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-
-// 8 bf16 held in a uint4, widened to f32.
-__device__ __forceinline__ void unpack8(uint4 v, float* out) {
-    unsigned w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        out[2 * i] = __uint_as_float(w[i] << 16);
-        out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    }
-}
 
 // The block's copy of a decode activation vector in shared memory (up to
 // XS_MAX bf16): read once per block through L2 after the PDL wait, instead of
@@ -232,18 +222,9 @@ __device__ __forceinline__ float decode_dot(const bf16* __restrict__ w, DecodeIn
         default: {
             pdl_wait();
             pdl_trigger();
-            if (K > XS_MAX) return ok ? warp_dot_bf16(w, x.x, K) : 0.f;  // (a normed input needs K <= XS_MAX)
+            if (K > XS_MAX) return ok ? warp_dot_bf16(w, x.x, K, true) : 0.f;  // (a normed input needs K <= XS_MAX)
             const bf16* xs = stage_input(x, K);
-            if (!ok) return 0.f;
-            float acc = 0.f;
-            for (int k = (threadIdx.x & 31) * 8; k < K; k += 256) {
-                float a[8], b[8];
-                load8(w + k, a);
-                load8(xs + k, b);
-#pragma unroll
-                for (int i = 0; i < 8; i++) acc += a[i] * b[i];
-            }
-            return warp_sum(acc);
+            return ok ? warp_dot_bf16(w, xs, K, false) : 0.f;
         }
     }
 }

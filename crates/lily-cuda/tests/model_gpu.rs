@@ -403,25 +403,30 @@ fn gemv_add_norm_matches_the_cpu() {
         let hb = g.upload_new(&bf16_bits(&h)).unwrap();
         let xb = g.upload_new(&x0).unwrap();
         let nb = g.upload_new(&w1p).unwrap();
-        g.launch(
-            "gemv_add_norm_kernel",
-            (d.div_ceil(8) as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(wb.ptr),
-                Arg::Ptr(hb.ptr),
-                Arg::Ptr(delta.ptr),
-                Arg::I32(d as i32),
-                Arg::I32(k as i32),
-                Arg::Ptr(xb.ptr),
-                Arg::Ptr(nb.ptr),
-                Arg::Ptr(hb.ptr), // the output overwrites the input, as in the model
-                Arg::F32(eps),
-                Arg::Ptr(counter.ptr),
-            ],
-        )
-        .unwrap();
+        // (w1p, out, counter): the fused norm, or none (w1p = 0)
+        let launch = |w1p: u64, out: u64, counter: u64| {
+            g.launch(
+                "gemv_add_norm_kernel",
+                (d.div_ceil(8) as u32, 1, 1),
+                (256, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(wb.ptr),
+                    Arg::Ptr(hb.ptr),
+                    Arg::Ptr(delta.ptr),
+                    Arg::I32(d as i32),
+                    Arg::I32(k as i32),
+                    Arg::Ptr(xb.ptr),
+                    Arg::Ptr(w1p),
+                    Arg::Ptr(out),
+                    Arg::F32(eps),
+                    Arg::Ptr(counter),
+                ],
+            )
+            .unwrap()
+        };
+        // the output overwrites the input, as in the model
+        launch(nb.ptr, hb.ptr, counter.ptr);
         let got_x: Vec<f32> = g.download(xb.ptr, d).unwrap();
         let got_out: Vec<u16> = g.download(hb.ptr, d).unwrap();
         let c: Vec<u32> = g.download(counter.ptr, 1).unwrap();
@@ -446,25 +451,7 @@ fn gemv_add_norm_matches_the_cpu() {
         g.upload(xb.ptr, &x0).unwrap();
         let h2 = round_bf16(&random(k, 840 + call, 0.0, 1.0));
         g.upload(hb.ptr, &bf16_bits(&h2)).unwrap();
-        g.launch(
-            "gemv_add_norm_kernel",
-            (d.div_ceil(8) as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(wb.ptr),
-                Arg::Ptr(hb.ptr),
-                Arg::Ptr(delta.ptr),
-                Arg::I32(d as i32),
-                Arg::I32(k as i32),
-                Arg::Ptr(xb.ptr),
-                Arg::Ptr(0),
-                Arg::Ptr(0),
-                Arg::F32(eps),
-                Arg::Ptr(0),
-            ],
-        )
-        .unwrap();
+        launch(0, 0, 0);
         let got_x: Vec<f32> = g.download(xb.ptr, d).unwrap();
         let want_x: Vec<f32> = x0
             .iter()
