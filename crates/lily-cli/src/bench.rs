@@ -39,6 +39,19 @@ pub struct BenchArgs {
     /// (events inside the captured step) against the bytes it must move
     #[arg(long)]
     pub profile: bool,
+    /// How a decode context is reached: `prefill` runs all of it; `zeros`
+    /// (CUDA) prefills at most 512 tokens and leaves the rest of the KV cache
+    /// zeroed, for decode at long context (131k) without a minutes-long
+    /// prefill; a decode step's work depends on its position, not on the
+    /// cache's contents
+    #[arg(long, value_enum, default_value_t = Fill::Prefill)]
+    pub fill: Fill,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Fill {
+    Prefill,
+    Zeros,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -164,8 +177,21 @@ pub fn run(a: BenchArgs) -> Result<()> {
         // segments of `gen` tokens back to back (contexts c, c + gen, ...):
         // decode speed depends on the context length, not on which tokens
         // fill it, and a second prefill of a long prompt would cost minutes
-        let toks = prompt(c.max(1), vocab);
+        let real = if a.fill == Fill::Zeros {
+            c.clamp(1, 512)
+        } else {
+            c.max(1)
+        };
+        let toks = prompt(real, vocab);
         let (_, tok, mut st) = prefill(&b, &toks)?;
+        if real < c {
+            match (&b, &mut st) {
+                (Backend::Cuda(m), lily_engine::backend::BackendState::Cuda(s)) => {
+                    m.advance_unfilled(s, c - real)?
+                }
+                _ => bail!("--fill zeros needs the CUDA backend"),
+            }
+        }
         // warm-up (captures the CUDA graph)
         let (_, mut tok) = decode(&b, &mut st, tok, 2.min(gen))?;
         let mut times = Vec::new();
@@ -175,7 +201,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
             tok = last;
         }
         let s = median(times);
-        let mut row = json!({"context": c, "gen": gen, "decode_tok_s": gen as f64 / s, "ms_per_token": s * 1e3 / gen as f64});
+        let mut row = json!({"context": c, "gen": gen, "decode_tok_s": gen as f64 / s, "ms_per_token": s * 1e3 / gen as f64,
+            "context_fill": if real < c { "zeros" } else { "prefill" }});
         if let (Backend::Cuda(m), Some(bw)) = (&b, bandwidth) {
             // the bytes of the middle step of the timed segments
             let bytes = m.decode_step_bytes(c + (a.runs * gen) / 2);
@@ -235,6 +262,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "decode floor: the bytes a step must move over the copy bandwidth, {:.0} GB/s",
             bw / 1e9
         );
+    }
+    if a.fill == Fill::Zeros {
+        println!("decode contexts past 512 tokens: KV cache zeroed, not prefilled (--fill zeros)");
     }
     println!(
         "{:>12} {:>8} {:>16} {:>12} {:>14} {:>10}",

@@ -381,6 +381,31 @@ impl CudaModel {
         })
     }
 
+    /// Move `st` forward `n` positions without running them: the K/V rows
+    /// there are zeroed, the recurrent states stay as they are. For a decode
+    /// benchmark at long context (`lily bench --fill zeros`): a decode step's
+    /// work depends on its position, not on what fills the cache, and a
+    /// 131k-token prefill costs minutes. Not a way to feed tokens.
+    pub fn advance_unfilled(&self, st: &mut CudaState, n: usize) -> Result<()> {
+        let cfg = &self.cfg;
+        if st.pos + n > self.opts.max_seq {
+            bail!(
+                "advancing to {} exceeds --max-seq {}",
+                st.pos + n,
+                self.opts.max_seq
+            );
+        }
+        let row = cfg.num_key_value_heads * cfg.head_dim * 2;
+        for (k, (a, b)) in cfg.layer_kinds.iter().zip(&st.layers) {
+            if *k == LayerKind::Attention {
+                self.gpu.zero(a.at(st.pos * row), n * row)?;
+                self.gpu.zero(b.at(st.pos * row), n * row)?;
+            }
+        }
+        st.pos += n;
+        Ok(())
+    }
+
     /// y[T, N] f32 = x[T, K] bf16 . W[N, K]^T: Lily's GEMV for one token, cuBLAS otherwise.
     fn linear(&self, x: u64, w: &DevBuf, y: u64, t: usize, n: usize, k: usize) -> Result<()> {
         debug_assert_eq!(w.bytes, n * k * 2);
