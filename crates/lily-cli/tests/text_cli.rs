@@ -209,10 +209,24 @@ fn chat_ctrl_c_stops_the_answer_not_the_program() {
         .spawn()
         .unwrap();
     let mut stdin = child.stdin.take().unwrap();
+    // stdout is drained on a thread; its first bytes say the answer has started
+    // (a fixed sleep raced the model's start-up on a loaded machine)
+    let mut stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<usize>();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stdout.read(&mut buf) {
+            if n == 0 || tx.send(n).is_err() {
+                break;
+            }
+        }
+    });
     stdin.write_all(b"tell me everything\n").unwrap();
     stdin.flush().unwrap();
-    // let the answer start, then interrupt it
-    std::thread::sleep(Duration::from_millis(2500));
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("the answer did not start within 60 s");
+    // let it run a little, then interrupt it
+    std::thread::sleep(Duration::from_millis(300));
     let kill = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()
