@@ -54,7 +54,7 @@ extern "C" __global__ void gemv3_kernel(const bf16* __restrict__ x, int K,
         y = y2;
         ok = row < N2;
     }
-    float acc = decode_dot(W + (ok ? row : 0) * K, DecodeIn{x, xf, w1p, eps}, K, ok);
+    float acc = decode_dot_k<8>(W + (ok ? row : 0) * K, DecodeIn{x, xf, w1p, eps}, K, ok);
     if (ok && lane == 0) y[row] = acc;
 }
 

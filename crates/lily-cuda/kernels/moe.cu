@@ -72,18 +72,26 @@ extern "C" __global__ void router_topk_kernel(const float* __restrict__ logits, 
 // the PDL wait) and, in the block that finishes last, the top-K: one launch
 // instead of two. `counter` starts at 0 and is reset by the last block, so a
 // captured graph can replay it. With w1p non-null the input is the RMSNorm
-// of the residual stream xf (stage_input) and x is unused.
+// of the residual stream xf (stage_input) and x is unused; block 0 then also
+// writes the normed input to xn (if non-null, D <= XS_MAX) for the experts'
+// gate/up products, which run after this kernel has completed, so 576 blocks
+// there stage a bf16 copy instead of each computing the norm again.
 extern "C" __global__ void router_decode_kernel(const bf16* __restrict__ W, const bf16* __restrict__ x,
                                                 float* __restrict__ logits, int D, int E, int K,
                                                 int* __restrict__ idx, float* __restrict__ wts,
                                                 unsigned* __restrict__ counter, const float* __restrict__ xf,
-                                                const float* __restrict__ w1p, float eps) {
+                                                const float* __restrict__ w1p, float eps, bf16* __restrict__ xn) {
     __shared__ bool last;
     int lane = threadIdx.x & 31;
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     bool ok = row <= E;
-    float acc = decode_dot(W + (long)(ok ? row : 0) * D, DecodeIn{x, xf, w1p, eps}, D, ok);
+    float acc = decode_dot_k<8>(W + (long)(ok ? row : 0) * D, DecodeIn{x, xf, w1p, eps}, D, ok);
     if (ok && lane == 0) logits[row] = acc;
+    if (xn && blockIdx.x == 0) {
+        const bf16* xs = decode_xs();  // staged by decode_dot, followed by a barrier
+        for (int i = threadIdx.x * 8; i < D; i += blockDim.x * 8)
+            *reinterpret_cast<uint4*>(xn + i) = *reinterpret_cast<const uint4*>(xs + i);
+    }
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
@@ -96,33 +104,28 @@ extern "C" __global__ void router_decode_kernel(const bf16* __restrict__ W, cons
 
 // h[t, slot, f] = bf16(silu(gate . x) * (up . x)) for the token's K experts and
 // the shared one. Grid (ceil(max(F, Fs) / 8), K + 1, T), block 256 (a warp per f).
-// The routed experts' rows depend on the router (the kernel before), so the
-// loads follow the PDL wait, but both rows (NCH 16-byte chunks per lane each)
-// are in flight at once; the shared expert's rows are loaded before the wait.
+// Both rows of a warp (NCH 16-byte chunks per lane each) are loaded at once,
+// before x is staged: the shared expert's before the PDL wait; a routed
+// expert's id is known only after it (the router is the kernel before), so
+// its rows are requested right after reading the id, and staging x overlaps
+// them. (One decode token's x is the post-attention norm the router wrote.)
 template <int NCH>
 __device__ __forceinline__ void gate_up_dots(const bf16* __restrict__ g, const bf16* __restrict__ u,
-                                             DecodeIn in, bool pre, bool ok, float& ag, float& au) {
+                                             const bf16* x, bool ok, float& ag, float& au) {
     const int lane = threadIdx.x & 31;
     uint4 rg[NCH], ru[NCH];
-    if (pre && ok) {
+    if (ok) {
 #pragma unroll
         for (int c = 0; c < NCH; c++) {
             rg[c] = __ldg(reinterpret_cast<const uint4*>(g + lane * 8 + 256 * c));
             ru[c] = __ldg(reinterpret_cast<const uint4*>(u + lane * 8 + 256 * c));
         }
     }
-    pdl_wait();
+    pdl_wait();  // (a no-op for a routed expert: its kernel waited for the id)
     pdl_trigger();
-    const bf16* xr = stage_input(in, 256 * NCH);
+    const bf16* xr = stage_xs(x, 256 * NCH);
     ag = au = 0.f;
     if (!ok) return;
-    if (!pre) {
-#pragma unroll
-        for (int c = 0; c < NCH; c++) {
-            rg[c] = __ldg(reinterpret_cast<const uint4*>(g + lane * 8 + 256 * c));
-            ru[c] = __ldg(reinterpret_cast<const uint4*>(u + lane * 8 + 256 * c));
-        }
-    }
 #pragma unroll
     for (int c = 0; c < NCH; c++) {
         float a[8], b[8], x8[8];
@@ -137,12 +140,9 @@ __device__ __forceinline__ void gate_up_dots(const bf16* __restrict__ g, const b
     }
 }
 
-// With w1p non-null (one decode token) the input is the RMSNorm of the
-// residual stream xf (stage_input) and x is unused.
 extern "C" __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const bf16* __restrict__ gate_up,
                                               const bf16* __restrict__ shared_gate_up, const int* __restrict__ idx,
-                                              bf16* __restrict__ h, int D, int F, int Fs, int K,
-                                              const float* __restrict__ xf, const float* __restrict__ w1p, float eps) {
+                                              bf16* __restrict__ h, int D, int F, int Fs, int K) {
     int lane = threadIdx.x & 31;
     int f = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int slot = blockIdx.y;
@@ -160,11 +160,10 @@ extern "C" __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const 
             base = gate_up + (long)__ldcg(idx + t * K + slot) * 2 * F * D;
         }
         const bf16* g = base + (long)(ok ? f : 0) * D;
-        gate_up_dots<8>(g, g + (long)width * D, DecodeIn{xr, xf, w1p, eps}, shared, ok, ag, au);
+        gate_up_dots<8>(g, g + (long)width * D, xr, ok, ag, au);
     } else {
         pdl_wait();
         pdl_trigger();
-        if (w1p) xr = stage_input(DecodeIn{xr, xf, w1p, eps}, D);  // (D <= XS_MAX)
         if (!ok) return;
         const bf16* base = shared ? shared_gate_up : gate_up + (long)__ldcg(idx + t * K + slot) * 2 * F * D;
         const bf16* g = base + (long)f * D;
@@ -174,7 +173,7 @@ extern "C" __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const 
             float a[8], b[8], c[8];
             load8(g + k, a);
             load8(u + k, b);
-            if (w1p) load8(xr + k, c); else load8_cg(xr + k, c);
+            load8_cg(xr + k, c);
 #pragma unroll
             for (int i = 0; i < 8; i++) {
                 ag += a[i] * c[i];

@@ -405,9 +405,10 @@ pub fn compile_kernels() -> Result<Vec<(&'static str, cudarc::nvrtc::Ptx, Vec<St
 /// kernel launched that way without waiting would race the kernel before it,
 /// so only the body itself (braces matched) counts, not its neighbours.
 pub fn pdl_kernels(src: &str) -> Vec<String> {
-    const WAITS: [&str; 4] = [
+    const WAITS: [&str; 5] = [
         "pdl_wait(",
         "decode_dot(",
+        "decode_dot_k<",
         "prefetched_dot<",
         "gate_up_dots<",
     ];

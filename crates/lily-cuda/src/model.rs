@@ -181,6 +181,12 @@ pub fn memory_estimate(cfg: &Config, opts: &CudaOptions) -> (usize, usize, usize
 
 /// Bytes the attention core of one decode step moves at `context` cached
 /// tokens: K and V rows read (bf16), q / gate in, the new K/V row and the output.
+/// The query/key preparation's share of `attention_core_bytes`: the q, gate,
+/// k and v rows it reads.
+fn attention_prep_bytes(cfg: &Config) -> u64 {
+    cfg.q_proj_rows() as u64 * 4 + 2 * (cfg.num_key_value_heads * cfg.head_dim) as u64 * 4
+}
+
 fn attention_core_bytes(cfg: &Config, context: usize) -> u64 {
     let (hq, hkv, dh) = (
         cfg.num_attention_heads as u64,
@@ -193,14 +199,19 @@ fn attention_core_bytes(cfg: &Config, context: usize) -> u64 {
         + hq * dh * 2
 }
 
-/// Bytes the GDN core of one decode step moves: the f32 recurrent state read
-/// and written, the conv state read and written, the conv weights.
+/// Bytes the GDN core of one decode step moves: the conv (`gdn_conv_bytes`)
+/// and the f32 recurrent state read and written.
 fn gdn_core_bytes(cfg: &Config) -> u64 {
-    let (c, w) = (cfg.conv_dim() as u64, cfg.linear_conv_kernel_dim as u64);
     let s = (cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim)
         as u64
         * 4;
-    2 * s + 2 * c * (w - 1) * 4 + c * w * 4 + c * 4 * 2
+    gdn_conv_bytes(cfg) + 2 * s
+}
+
+/// The conv's share: its state read and written, its weights, input and output.
+fn gdn_conv_bytes(cfg: &Config) -> u64 {
+    let (c, w) = (cfg.conv_dim() as u64, cfg.linear_conv_kernel_dim as u64);
+    2 * c * (w - 1) * 4 + c * w * 4 + c * 4 * 2
 }
 
 /// Weight bytes of the experts one token reads in one MoE layer: K routed and the shared one.
@@ -212,6 +223,18 @@ fn moe_expert_bytes(cfg: &Config) -> u64 {
         cfg.shared_expert_intermediate_size as u64,
     );
     k * 3 * f * d * 2 + 3 * fs * d * 2
+}
+
+/// The gate|up rows of the routed and the shared experts: two thirds of
+/// `moe_expert_bytes`.
+fn moe_gate_up_bytes(cfg: &Config) -> u64 {
+    let d = cfg.hidden_size as u64;
+    let (k, f, fs) = (
+        cfg.num_experts_per_tok as u64,
+        cfg.moe_intermediate_size as u64,
+        cfg.shared_expert_intermediate_size as u64,
+    );
+    k * 2 * f * d * 2 + 2 * fs * d * 2
 }
 
 fn gib(b: usize) -> f64 {
@@ -506,8 +529,8 @@ impl CudaModel {
         let norm_bytes = (d * 4 * 3 + d * 2) as u64;
         self.mark("embed", (d * 2 + d * 4) as u64)?;
         // One decode token: each RMSNorm is computed by the blocks of the
-        // kernels that read it (the mixer's input projections, the router and
-        // the experts' gate/up) from the residual stream, which the output
+        // kernels that read it (the mixer's input projections and the router,
+        // which passes its copy on to the experts) from the residual stream, which the output
         // projections and the down product update in place; only the final
         // norm runs in the last block of the last down product, leaving the
         // final-normed hidden state in `s.h` for the lm_head.
@@ -581,6 +604,7 @@ impl CudaModel {
                 Arg::I32(gated),
             ],
         )?;
+        self.mark("attn qk prep", attention_prep_bytes(cfg))?;
         if t == 1 {
             // decode: split-K over the cache (flash decoding), then a merge
             crate::attention::attention_decode(
@@ -620,7 +644,10 @@ impl CudaModel {
                 ],
             )?;
         }
-        self.mark("attn core", attention_core_bytes(cfg, self.prof_pos()))?;
+        self.mark(
+            "attn core",
+            attention_core_bytes(cfg, self.prof_pos()) - attention_prep_bytes(cfg),
+        )?;
         self.out_proj(&a.o, hq * dh, t)?;
         self.mark("attn o proj", a.o.bytes as u64)
     }
@@ -665,6 +692,7 @@ impl CudaModel {
                 Arg::I32(wd as i32),
             ],
         )?;
+        self.mark("gdn conv", gdn_conv_bytes(cfg))?;
         if t == 1 {
             // decode: recurrence step and gated norm in one kernel
             crate::gdn::gdn_decode(
@@ -713,7 +741,7 @@ impl CudaModel {
                 ],
             )?;
         }
-        self.mark("gdn core", gdn_core_bytes(cfg))?;
+        self.mark("gdn core", gdn_core_bytes(cfg) - gdn_conv_bytes(cfg))?;
         self.out_proj(&w.out, hv * dv, t)?;
         self.mark("gdn out proj", w.out.bytes as u64)
     }
@@ -872,9 +900,10 @@ impl CudaModel {
         )
     }
 
-    /// The MoE block. A decode token's router and gate/up products norm the
-    /// residual stream themselves (`post_norm`); `final_norm` (after the last
-    /// layer) runs in the down product's last block, into `s.h`.
+    /// The MoE block. A decode token's router norms the residual stream
+    /// itself (`post_norm`, every block) and writes the normed input to `s.h`
+    /// for the gate/up products; `final_norm` (after the last layer) runs in
+    /// the down product's last block, into `s.h`.
     fn moe(&self, lw: &DevLayer, t: usize, final_norm: Option<&DevBuf>) -> Result<()> {
         let (cfg, g, s) = (&self.cfg, &self.gpu, &self.s);
         let (d, e, k, f, fs) = (
@@ -903,6 +932,7 @@ impl CudaModel {
                     Arg::Ptr(s.x.ptr),
                     Arg::Ptr(lw.post_norm.ptr),
                     Arg::F32(cfg.rms_norm_eps),
+                    Arg::Ptr(s.h.ptr), // the normed input, for the gate/up products
                 ],
             )?;
         } else {
@@ -943,11 +973,9 @@ impl CudaModel {
                 Arg::I32(f as i32),
                 Arg::I32(fs as i32),
                 Arg::I32(k as i32),
-                Arg::Ptr(s.x.ptr),
-                Arg::Ptr(lw.post_norm.ptr),
-                Arg::F32(cfg.rms_norm_eps),
             ],
         )?;
+        self.mark("moe gate/up", moe_gate_up_bytes(cfg))?;
         // one decode token: the final RMSNorm fused into the last down product
         g.launch(
             "moe_down_norm_kernel",
@@ -971,7 +999,7 @@ impl CudaModel {
                 Arg::Ptr(s.counter.ptr),
             ],
         )?;
-        self.mark("moe experts", moe_expert_bytes(cfg))
+        self.mark("moe down", moe_expert_bytes(cfg) - moe_gate_up_bytes(cfg))
     }
 
     /// Logits of rows [r0, r0+n) of the residual stream into `out` ([n, V] f32).

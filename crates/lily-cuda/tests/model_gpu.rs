@@ -249,12 +249,26 @@ fn router_decode_matches_the_cpu() {
     let wts = g.alloc((k + 1) * 4).unwrap();
     let counter = g.alloc(4).unwrap();
     g.zero(counter.ptr, 4).unwrap();
+    let xn = g.alloc(d * 2).unwrap();
     for call in 0..3u64 {
+        // call 1: the decode form, the post-attention norm of the f32
+        // residual stream computed by the kernel (and handed on in xn)
+        let normed = call == 1;
         let w = procedural_mat(e + 1, d, 500 + call, 4.0 / (d as f32).sqrt());
         let wbits = bf16_bits(&w.t.to_f32_vec());
-        let x = round_bf16(&random(d, 600 + call, 0.0, 1.0));
+        let (eps, xf, w1p) = (
+            1e-6f32,
+            random(d, 600 + call, 0.2, 1.5),
+            random(d, 610 + call, 1.0, 0.2),
+        );
+        let x = if normed {
+            normed_input(&xf, &w1p, eps)
+        } else {
+            round_bf16(&xf)
+        };
         let wb = g.upload_new(&wbits).unwrap();
         let xb = g.upload_new(&bf16_bits(&x)).unwrap();
+        let (xfb, wpb) = (g.upload_new(&xf).unwrap(), g.upload_new(&w1p).unwrap());
         g.launch(
             "router_decode_kernel",
             ((e + 1).div_ceil(8) as u32, 1, 1),
@@ -270,12 +284,21 @@ fn router_decode_matches_the_cpu() {
                 Arg::Ptr(idx.ptr),
                 Arg::Ptr(wts.ptr),
                 Arg::Ptr(counter.ptr),
-                Arg::Ptr(0), // input x as given (no norm)
-                Arg::Ptr(0),
-                Arg::F32(0.0),
+                Arg::Ptr(xfb.ptr),
+                Arg::Ptr(if normed { wpb.ptr } else { 0 }), // 0: input x as given
+                Arg::F32(eps),
+                Arg::Ptr(xn.ptr),
             ],
         )
         .unwrap();
+        // xn: the kernel's input as the gate/up products get it; the norm in
+        // f32 may round an element to the neighbouring bf16
+        let got_x = from_bf16_bits(&g.download::<u16>(xn.ptr, d).unwrap());
+        let ex = rel_l2(&got_x, &x);
+        assert!(
+            ex < if normed { 4e-3 } else { 1e-7 },
+            "call {call}: xn relative L2 {ex}"
+        );
         let gi: Vec<i32> = g.download(idx.ptr, k).unwrap();
         let gw: Vec<f32> = g.download(wts.ptr, k + 1).unwrap();
         let c: Vec<u32> = g.download(counter.ptr, 1).unwrap();
@@ -299,6 +322,18 @@ fn router_decode_matches_the_cpu() {
             gw[k]
         );
     }
+}
+
+/// The decode kernels' normed input, bf16(rmsnorm(xf) * w1p), in f64.
+fn normed_input(xf: &[f32], w1p: &[f32], eps: f32) -> Vec<f32> {
+    let ms = xf.iter().map(|v| (v * v) as f64).sum::<f64>() / xf.len() as f64;
+    let inv = 1.0 / (ms + eps as f64).sqrt();
+    round_bf16(
+        &xf.iter()
+            .zip(w1p)
+            .map(|(v, w)| (*v as f64 * inv * *w as f64) as f32)
+            .collect::<Vec<_>>(),
+    )
 }
 
 /// Three projections of one input in one launch (gemv3_kernel) against the
@@ -325,14 +360,7 @@ fn gemv3_matches_the_cpu() {
         let w1p: Vec<f32> = random(k, 701, 1.0, 0.2);
         // the CPU's input: bf16 x, or bf16(norm(xf) * w1p)
         let x = if normed {
-            let ms = xf.iter().map(|v| (v * v) as f64).sum::<f64>() / k as f64;
-            let inv = 1.0 / (ms + eps as f64).sqrt();
-            round_bf16(
-                &xf.iter()
-                    .zip(&w1p)
-                    .map(|(v, w)| (*v as f64 * inv * *w as f64) as f32)
-                    .collect::<Vec<_>>(),
-            )
+            normed_input(&xf, &w1p, eps)
         } else {
             round_bf16(&xf)
         };

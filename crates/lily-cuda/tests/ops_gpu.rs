@@ -391,9 +391,6 @@ fn moe_experts() {
             Arg::I32(f as i32),
             Arg::I32(fs as i32),
             Arg::I32(k as i32),
-            Arg::Ptr(0), // input x as given (no norm)
-            Arg::Ptr(0),
-            Arg::F32(0.0),
         ],
     )
     .unwrap();
