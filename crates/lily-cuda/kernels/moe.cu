@@ -4,59 +4,105 @@
 // shared expert sits in "slot K" with its own pointers and width Fs.
 #include "common.cuh"
 
+// Top-K selection order: the larger logit first, ties to the lower id.
+__device__ __forceinline__ bool topk_before(float av, int ai, float bv, int bi) {
+    return av > bv || (av == bv && ai < bi);
+}
+
+// Order entries i < j of a lane's candidate list (v, id).
+__device__ __forceinline__ void topk_cas(float* v, int* id, int i, int j) {
+    if (topk_before(v[j], id[j], v[i], id[i])) {
+        float tv = v[i];
+        v[i] = v[j];
+        v[j] = tv;
+        int ti = id[i];
+        id[i] = id[j];
+        id[j] = ti;
+    }
+}
+
+// The warp's top 8 of its 256 candidates (8 a lane), sorted, left in every
+// lane's (v, id): each lane sorts its 8 (a 19-comparator network), then five
+// butterfly rounds merge a lane's list with its xor partner's: c[i] =
+// max(a[i], b[7 - i]) keeps the top 8 of both as a bitonic sequence, which
+// three rounds of compare-exchange sort. Both partners end with the same list
+// (the keys are distinct: ids break ties), so after the last round every
+// lane holds the answer. 5 rounds of 16 independent shuffles, instead of K
+// rounds of a 5-deep dependent argmax reduction (~4x fewer dependent steps).
+__device__ __forceinline__ void topk8_warp(float* v, int* id) {
+    topk_cas(v, id, 0, 2), topk_cas(v, id, 1, 3), topk_cas(v, id, 4, 6), topk_cas(v, id, 5, 7);
+    topk_cas(v, id, 0, 4), topk_cas(v, id, 1, 5), topk_cas(v, id, 2, 6), topk_cas(v, id, 3, 7);
+    topk_cas(v, id, 0, 1), topk_cas(v, id, 2, 3), topk_cas(v, id, 4, 5), topk_cas(v, id, 6, 7);
+    topk_cas(v, id, 2, 4), topk_cas(v, id, 3, 5);
+    topk_cas(v, id, 1, 4), topk_cas(v, id, 3, 6);
+    topk_cas(v, id, 1, 2), topk_cas(v, id, 3, 4), topk_cas(v, id, 5, 6);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float bv[8];
+        int bi[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            bv[i] = __shfl_xor_sync(0xffffffffu, v[i], o);
+            bi[i] = __shfl_xor_sync(0xffffffffu, id[i], o);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (topk_before(bv[7 - i], bi[7 - i], v[i], id[i])) {
+                v[i] = bv[7 - i];
+                id[i] = bi[7 - i];
+            }
+#pragma unroll
+        for (int d = 4; d > 0; d >>= 1)
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                if (!(i & d)) topk_cas(v, id, i, i + d);
+    }
+}
+
 // Softmax over the E routed logits of one token, top-K (ties to the lower id),
 // renormalised; slot K carries the shared expert's gate sigmoid(l[E]). Run by
-// one warp. Logits are read through L2 (__ldcg): in the fused decode kernel
-// other blocks wrote them, and an SM's L1 may still hold last step's lines.
+// one warp; E <= 256, K <= 8 (the CUDA model checks both at load). Logits are
+// read through L2 (__ldcg): in the fused decode kernel other blocks wrote
+// them, and an SM's L1 may still hold last step's lines.
 __device__ void topk_warp(const float* __restrict__ l, int E, int K, int* __restrict__ idx,
                           float* __restrict__ wts) {
     int lane = threadIdx.x & 31;
-    // each lane's experts lane, lane + 32, ... (E <= 256) read once, kept in registers
+    // each lane's experts lane, lane + 32, ... read once, kept in registers
     float v[8];
+    int ids[8];
 #pragma unroll
-    for (int s = 0; s < 8; s++) v[s] = lane + 32 * s < E ? __ldcg(l + lane + 32 * s) : -LILY_INF;
+    for (int s = 0; s < 8; s++) {
+        ids[s] = lane + 32 * s;
+        v[s] = ids[s] < E ? __ldcg(l + ids[s]) : -LILY_INF;
+    }
     float m = -LILY_INF;
 #pragma unroll
     for (int s = 0; s < 8; s++) m = fmaxf(m, v[s]);
     m = warp_max(m);
     float z = 0.f;
 #pragma unroll
-    for (int s = 0; s < 8; s++) z += lane + 32 * s < E ? expf(v[s] - m) : 0.f;
+    for (int s = 0; s < 8; s++) z += ids[s] < E ? expf(v[s] - m) : 0.f;
     z = warp_sum(z);
-    // K rounds of a warp-wide argmax over the experts not yet taken (ties to the lower id).
+    topk8_warp(v, ids);
     float taken_sum = 0.f;
-    unsigned taken = 0;  // bit s: expert lane + 32 s is taken
-    float pk[16];
-    int ik[16];
-    for (int k = 0; k < K; k++) {
-        float best = -LILY_INF;
-        int bi = 0x7fffffff;
 #pragma unroll
-        for (int s = 0; s < 8; s++) {
-            int e = lane + 32 * s;
-            if (e < E && !((taken >> s) & 1u) && (v[s] > best || (v[s] == best && e < bi))) {
-                best = v[s];
-                bi = e;
+    for (int k = 0; k < 8; k++) {
+        v[k] = expf(v[k] - m) / z;
+        if (k < K) taken_sum += v[k];
+    }
+    if (lane < K) {
+        float p = v[0];
+        int e = ids[0];
+#pragma unroll
+        for (int k = 1; k < 8; k++)
+            if (lane == k) {
+                p = v[k];
+                e = ids[k];
             }
-        }
-        for (int o = 16; o > 0; o >>= 1) {
-            float ob = __shfl_xor_sync(0xffffffffu, best, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ob > best || (ob == best && oi < bi)) { best = ob; bi = oi; }
-        }
-        if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
-        float p = expf(best - m) / z;
-        pk[k] = p;
-        ik[k] = bi;
-        taken_sum += p;
+        idx[lane] = e;
+        wts[lane] = p / taken_sum;
     }
-    if (lane == 0) {
-        for (int k = 0; k < K; k++) {
-            idx[k] = ik[k];
-            wts[k] = pk[k] / taken_sum;
-        }
-        wts[K] = sigmoidf_(__ldcg(l + E));
-    }
+    if (lane == 0) wts[K] = sigmoidf_(__ldcg(l + E));
 }
 
 // One warp per token. logits: [T, E + 1]; idx: [T, K] int, wts: [T, K + 1] f32.
@@ -67,21 +113,21 @@ extern "C" __global__ void router_topk_kernel(const float* __restrict__ logits, 
     topk_warp(logits + (long)t * (E + 1), E, K, idx + (long)t * K, wts + (long)t * (K + 1));
 }
 
-// Decode: the router's matrix-vector product (a warp per row of W [E + 1, D],
-// 8 rows per 256-thread block, each row's weights in flight at once before
-// the PDL wait) and, in the block that finishes last, the top-K: one launch
-// instead of two. `counter` starts at 0 and is reset by the last block, so a
-// captured graph can replay it. With w1p non-null the input is the RMSNorm
-// of the residual stream xf (stage_input) and x is unused; block 0 then also
-// writes the normed input to xn (if non-null, D <= XS_MAX) for the experts'
-// gate/up products, which run after this kernel has completed, so 576 blocks
-// there stage a bf16 copy instead of each computing the norm again.
+// Decode: the router's matrix-vector product, logits [E + 1] (a warp per
+// row of W [E + 1, D], 8 rows per 256-thread block, each row's weights in
+// flight at once before the PDL wait). The top-K is not here: every block of
+// the two expert kernels that follow runs it from the logits itself
+// (topk_warp, ~a microsecond), which costs less than a last block here would
+// (a fence, an atomic and one warp's top-K in series with the next kernel).
+// With w1p non-null the input is the RMSNorm of the residual stream xf
+// (stage_input) and x is unused; block 0 then also writes the normed input to
+// xn (if non-null, D <= XS_MAX) for the experts' gate/up products, which run
+// after this kernel has completed, so 576 blocks there stage a bf16 copy
+// instead of each computing the norm again.
 extern "C" __global__ void router_decode_kernel(const bf16* __restrict__ W, const bf16* __restrict__ x,
-                                                float* __restrict__ logits, int D, int E, int K,
-                                                int* __restrict__ idx, float* __restrict__ wts,
-                                                unsigned* __restrict__ counter, const float* __restrict__ xf,
-                                                const float* __restrict__ w1p, float eps, bf16* __restrict__ xn) {
-    __shared__ bool last;
+                                                float* __restrict__ logits, int D, int E,
+                                                const float* __restrict__ xf, const float* __restrict__ w1p,
+                                                float eps, bf16* __restrict__ xn) {
     int lane = threadIdx.x & 31;
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     bool ok = row <= E;
@@ -92,14 +138,21 @@ extern "C" __global__ void router_decode_kernel(const bf16* __restrict__ W, cons
         for (int i = threadIdx.x * 8; i < D; i += blockDim.x * 8)
             *reinterpret_cast<uint4*>(xn + i) = *reinterpret_cast<const uint4*>(xs + i);
     }
-    __threadfence();
+}
+
+// The routing of one decode token, computed by warp 0 of the calling block from
+// the router's logits [E + 1] into shared memory: expert ids [K] and weights
+// [K + 1] (slot K: the shared expert's gate). Every thread of the block calls
+// it; it ends with a barrier.
+struct Routing {
+    int idx[8];
+    float wts[9];
+};
+__device__ __forceinline__ const Routing& route_block(const float* __restrict__ logits, int E, int K) {
+    __shared__ Routing r;
+    if (threadIdx.x < 32) topk_warp(logits, E, K, r.idx, r.wts);
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    if (threadIdx.x < 32) topk_warp(logits, E, K, idx, wts);
-    if (threadIdx.x == 0) *counter = 0;
+    return r;
 }
 
 // h[t, slot, f] = bf16(silu(gate . x) * (up . x)) for the token's K experts and
@@ -140,9 +193,18 @@ __device__ __forceinline__ void gate_up_dots(const bf16* __restrict__ g, const b
     }
 }
 
+// With logits non-null (one decode token; idx unused), each block of a
+// routed slot runs the top-K itself after the wait (route_block). With down
+// non-null (one decode token), each block also asks L2 to fetch
+// its share of its expert's down matrix ([D, width] bf16, split evenly over
+// the blocks of the slot), so the down product that follows reads its
+// weights from L2: its blocks cannot become resident, and prefetch for
+// themselves, until this kernel's blocks leave the SMs.
 extern "C" __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const bf16* __restrict__ gate_up,
                                               const bf16* __restrict__ shared_gate_up, const int* __restrict__ idx,
-                                              bf16* __restrict__ h, int D, int F, int Fs, int K) {
+                                              bf16* __restrict__ h, int D, int F, int Fs, int K,
+                                              const float* __restrict__ logits, int E,
+                                              const bf16* __restrict__ down, const bf16* __restrict__ shared_down) {
     int lane = threadIdx.x & 31;
     int f = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int slot = blockIdx.y;
@@ -155,17 +217,25 @@ extern "C" __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const 
     if (D == 2048) {
         // the routed expert's id is known only after the wait
         const bf16* base = shared_gate_up;
+        const bf16* dn = shared_down;
         if (!shared) {
             pdl_wait();
-            base = gate_up + (long)__ldcg(idx + t * K + slot) * 2 * F * D;
+            const long e = logits ? route_block(logits, E, K).idx[slot] : __ldcg(idx + t * K + slot);
+            base = gate_up + e * 2 * F * D;
+            dn = down ? down + e * D * F : nullptr;
+        }
+        if (dn && threadIdx.x == 0) {
+            const unsigned share = (unsigned)((long)D * width * 2 / gridDim.x) & ~15u;
+            prefetch_l2(reinterpret_cast<const char*>(dn) + (long)blockIdx.x * share, share);
         }
         const bf16* g = base + (long)(ok ? f : 0) * D;
         gate_up_dots<8>(g, g + (long)width * D, xr, ok, ag, au);
     } else {
         pdl_wait();
         pdl_trigger();
+        const long e = shared ? 0 : logits ? route_block(logits, E, K).idx[slot] : __ldcg(idx + t * K + slot);
         if (!ok) return;
-        const bf16* base = shared ? shared_gate_up : gate_up + (long)__ldcg(idx + t * K + slot) * 2 * F * D;
+        const bf16* base = shared ? shared_gate_up : gate_up + e * 2 * F * D;
         const bf16* g = base + (long)f * D;
         const bf16* u = base + (long)(width + f) * D;
         ag = au = 0.f;
@@ -190,6 +260,8 @@ extern "C" __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const 
 
 // x[t, d] += sum_slot w[t, slot] * down_slot[d, :] . h[t, slot, :] (the residual
 // add fused in). Grid (ceil(D / 8), T), block 256 (a warp per output d).
+// idx/wts are read with plain loads: global memory no earlier kernel of a
+// PDL chain rewrote, or the decode kernel's routing in shared memory.
 __device__ __forceinline__ float moe_down_row(const bf16* __restrict__ h, const bf16* __restrict__ down,
                                               const bf16* __restrict__ shared_down, const int* __restrict__ idx,
                                               const float* __restrict__ wts, int D, int F, int Fs, int K, long t,
@@ -200,7 +272,7 @@ __device__ __forceinline__ float moe_down_row(const bf16* __restrict__ h, const 
     for (int slot = 0; slot <= K; slot++) {
         bool shared = slot == K;
         int width = shared ? Fs : F;
-        const bf16* row = shared ? shared_down + (long)d * Fs : down + ((long)__ldcg(idx + t * K + slot) * D + d) * F;
+        const bf16* row = shared ? shared_down + (long)d * Fs : down + ((long)idx[t * K + slot] * D + d) * F;
         const bf16* hr = h + (t * (K + 1) + slot) * hw;
         float acc = 0.f;
         for (int k = lane * 8; k < width; k += 256) {
@@ -210,7 +282,7 @@ __device__ __forceinline__ float moe_down_row(const bf16* __restrict__ h, const 
 #pragma unroll
             for (int i = 0; i < 8; i++) acc += a[i] * b[i];
         }
-        total += __ldcg(wts + t * (K + 1) + slot) * warp_sum(acc);
+        total += wts[t * (K + 1) + slot] * warp_sum(acc);
     }
     return total;
 }
@@ -228,26 +300,28 @@ extern "C" __global__ void moe_down_kernel(const bf16* __restrict__ h, const bf1
 
 // Decode (one token): moe_down_kernel with the RMSNorm that feeds the next
 // layer's mixer (or the lm_head) fused into its last block: out = norm(x) * w1p.
-// F = Fs = 512 (the released geometry; other widths take moe_down_row after
-// the wait): a lane's 2 chunks of each of the 9 rows are all in flight before
-// the PDL wait. The expert ids come from the router, which completed before
-// the previous kernel (gate/up) passed its own wait, and so before this
-// kernel could launch; they are read through L2. With w1p null there is no
-// norm (out and counter unused): the next kernels norm x themselves.
+// The routing is computed by the block from the router's logits [E + 1]
+// (route_block); the router completed before the previous kernel (gate/up)
+// passed its own wait, and so before this kernel could launch, so this runs
+// before the PDL wait. F = Fs = 512 (the released geometry; other widths
+// take moe_down_row after the wait): a lane's 2 chunks of each of the 9 rows
+// are all in flight before the PDL wait. With w1p null there is no norm (out
+// and counter unused): the next kernels norm x themselves.
 extern "C" __global__ void moe_down_norm_kernel(const bf16* __restrict__ h, const bf16* __restrict__ down,
-                                                const bf16* __restrict__ shared_down, const int* __restrict__ idx,
-                                                const float* __restrict__ wts, float* __restrict__ x,
+                                                const bf16* __restrict__ shared_down,
+                                                const float* __restrict__ logits, int E, float* __restrict__ x,
                                                 int D, int F, int Fs, int K, const float* __restrict__ w1p,
                                                 bf16* __restrict__ out, float eps, unsigned* __restrict__ counter) {
     int d = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     bool ok = d < D;
+    const Routing& rt = route_block(logits, E, K);
     if (F == 512 && Fs == 512 && K == 8) {
         uint4 r[9][2];
         if (ok) {
 #pragma unroll
             for (int slot = 0; slot < 9; slot++) {
-                const bf16* row = slot == 8 ? shared_down + (long)d * 512 : down + ((long)__ldcg(idx + slot) * D + d) * 512;
+                const bf16* row = slot == 8 ? shared_down + (long)d * 512 : down + ((long)rt.idx[slot] * D + d) * 512;
                 r[slot][0] = __ldg(reinterpret_cast<const uint4*>(row + lane * 8));
                 r[slot][1] = __ldg(reinterpret_cast<const uint4*>(row + lane * 8 + 256));
             }
@@ -269,7 +343,7 @@ extern "C" __global__ void moe_down_norm_kernel(const bf16* __restrict__ h, cons
 #pragma unroll
                     for (int i = 0; i < 8; i++) acc += a[i] * b[i];
                 }
-                total += __ldcg(wts + slot) * warp_sum(acc);
+                total += rt.wts[slot] * warp_sum(acc);
             }
             if (lane == 0) x[d] = __ldcg(x + d) + total;
         }
@@ -277,7 +351,7 @@ extern "C" __global__ void moe_down_norm_kernel(const bf16* __restrict__ h, cons
         pdl_wait();
         pdl_trigger();
         if (ok) {
-            float total = moe_down_row(h, down, shared_down, idx, wts, D, F, Fs, K, 0, d);
+            float total = moe_down_row(h, down, shared_down, rt.idx, rt.wts, D, F, Fs, K, 0, d);
             if (lane == 0) x[d] = __ldcg(x + d) + total;
         }
     }

@@ -902,8 +902,9 @@ impl CudaModel {
 
     /// The MoE block. A decode token's router norms the residual stream
     /// itself (`post_norm`, every block) and writes the normed input to `s.h`
-    /// for the gate/up products; `final_norm` (after the last layer) runs in
-    /// the down product's last block, into `s.h`.
+    /// for the gate/up products; each block of the expert kernels takes the
+    /// top-K of the router's logits itself; `final_norm` (after the last
+    /// layer) runs in the down product's last block, into `s.h`.
     fn moe(&self, lw: &DevLayer, t: usize, final_norm: Option<&DevBuf>) -> Result<()> {
         let (cfg, g, s) = (&self.cfg, &self.gpu, &self.s);
         let (d, e, k, f, fs) = (
@@ -925,10 +926,6 @@ impl CudaModel {
                     Arg::Ptr(s.rl.ptr),
                     Arg::I32(d as i32),
                     Arg::I32(e as i32),
-                    Arg::I32(k as i32),
-                    Arg::Ptr(s.idx.ptr),
-                    Arg::Ptr(s.wts.ptr),
-                    Arg::Ptr(s.counter.ptr),
                     Arg::Ptr(s.x.ptr),
                     Arg::Ptr(lw.post_norm.ptr),
                     Arg::F32(cfg.rms_norm_eps),
@@ -973,6 +970,10 @@ impl CudaModel {
                 Arg::I32(f as i32),
                 Arg::I32(fs as i32),
                 Arg::I32(k as i32),
+                Arg::Ptr(s.rl.ptr), // each block routes from the logits
+                Arg::I32(e as i32),
+                Arg::Ptr(lw.down.ptr), // into L2 for the down product
+                Arg::Ptr(lw.shared_down.ptr),
             ],
         )?;
         self.mark("moe gate/up", moe_gate_up_bytes(cfg))?;
@@ -986,8 +987,8 @@ impl CudaModel {
                 Arg::Ptr(s.moe_h.ptr),
                 Arg::Ptr(lw.down.ptr),
                 Arg::Ptr(lw.shared_down.ptr),
-                Arg::Ptr(s.idx.ptr),
-                Arg::Ptr(s.wts.ptr),
+                Arg::Ptr(s.rl.ptr),
+                Arg::I32(e as i32),
                 Arg::Ptr(s.x.ptr),
                 Arg::I32(d as i32),
                 Arg::I32(f as i32),

@@ -223,6 +223,13 @@ pub fn upload(
             cfg.linear_conv_kernel_dim
         );
     }
+    if cfg.num_experts > 256 || cfg.num_experts_per_tok > 8 {
+        bail!(
+            "the CUDA router's top-K is built for at most 256 experts and 8 per token (got {} and {})",
+            cfg.num_experts,
+            cfg.num_experts_per_tok
+        );
+    }
     let (d, f, fs) = (
         cfg.hidden_size,
         cfg.moe_intermediate_size,

@@ -109,7 +109,19 @@ fn gemv_and_gemm_match_the_cpu() {
 fn router_topk_matches_the_cpu() {
     let Some(g) = gpu() else { return };
     let (t, e, k) = (300usize, 256usize, 8usize);
-    let logits = random(t * (e + 1), 99, 0.0, 3.0);
+    // odd tokens: logits rounded to integers, so the top 8 hold exact ties
+    // (broken toward the lower expert id, as the CPU's stable sort does)
+    let logits: Vec<f32> = random(t * (e + 1), 99, 0.0, 3.0)
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            if (i / (e + 1)) % 2 == 1 {
+                v.round()
+            } else {
+                *v
+            }
+        })
+        .collect();
     let lb = g.upload_new(&logits).unwrap();
     let idx = g.alloc(t * k * 4).unwrap();
     let wts = g.alloc(t * (k + 1) * 4).unwrap();
@@ -237,22 +249,17 @@ fn refuses_geometries_the_kernels_do_not_cover() {
     );
 }
 
-/// The fused decode router (matrix-vector product + top-K in the last block)
-/// against the CPU's linear + route, three times in a row with new inputs: the
-/// block counter must reset itself and no block may read last call's logits.
+/// The decode router's matrix-vector product against the CPU's linear, three
+/// calls with new inputs; call 1 in the decode form (the kernel norms the f32
+/// residual stream itself and hands the normed input on in xn). The top-K is
+/// run by the expert kernels (ops_gpu's moe_experts, decode form).
 #[test]
 fn router_decode_matches_the_cpu() {
     let Some(g) = gpu() else { return };
-    let (d, e, k) = (2048usize, 256usize, 8usize);
+    let (d, e) = (2048usize, 256usize);
     let logits = g.alloc((e + 1) * 4).unwrap();
-    let idx = g.alloc(k * 4).unwrap();
-    let wts = g.alloc((k + 1) * 4).unwrap();
-    let counter = g.alloc(4).unwrap();
-    g.zero(counter.ptr, 4).unwrap();
     let xn = g.alloc(d * 2).unwrap();
     for call in 0..3u64 {
-        // call 1: the decode form, the post-attention norm of the f32
-        // residual stream computed by the kernel (and handed on in xn)
         let normed = call == 1;
         let w = procedural_mat(e + 1, d, 500 + call, 4.0 / (d as f32).sqrt());
         let wbits = bf16_bits(&w.t.to_f32_vec());
@@ -280,10 +287,6 @@ fn router_decode_matches_the_cpu() {
                 Arg::Ptr(logits.ptr),
                 Arg::I32(d as i32),
                 Arg::I32(e as i32),
-                Arg::I32(k as i32),
-                Arg::Ptr(idx.ptr),
-                Arg::Ptr(wts.ptr),
-                Arg::Ptr(counter.ptr),
                 Arg::Ptr(xfb.ptr),
                 Arg::Ptr(if normed { wpb.ptr } else { 0 }), // 0: input x as given
                 Arg::F32(eps),
@@ -299,28 +302,10 @@ fn router_decode_matches_the_cpu() {
             ex < if normed { 4e-3 } else { 1e-7 },
             "call {call}: xn relative L2 {ex}"
         );
-        let gi: Vec<i32> = g.download(idx.ptr, k).unwrap();
-        let gw: Vec<f32> = g.download(wts.ptr, k + 1).unwrap();
-        let c: Vec<u32> = g.download(counter.ptr, 1).unwrap();
-        assert_eq!(c[0], 0, "call {call}: the block counter did not reset");
-        let l = linear(&x, 1, &w);
-        let want = lily_cpu::ops::moe::route(&l[..e], k, lily_model::DType::F32);
-        // Logits differ from the CPU's by f32 summation order (~1e-6 relative);
-        // the random router's top-8 gaps are far larger, so the choice must agree.
-        for (s, (ex, wt)) in want.iter().enumerate() {
-            assert_eq!(gi[s] as usize, *ex, "call {call} slot {s}");
-            assert!(
-                (gw[s] - wt).abs() < 1e-4,
-                "call {call} slot {s}: {} vs {wt}",
-                gw[s]
-            );
-        }
-        let sg = 1.0 / (1.0 + (-l[e]).exp());
-        assert!(
-            (gw[k] - sg).abs() < 1e-4,
-            "call {call}: shared gate {} vs {sg}",
-            gw[k]
-        );
+        // the logits of the kernel's own input: f32 sums in another order, ~1e-6
+        let got: Vec<f32> = g.download(logits.ptr, e + 1).unwrap();
+        let el = rel_l2(&got, &linear(&got_x, 1, &w));
+        assert!(el < 1e-4, "call {call}: logits relative L2 {el}");
     }
 }
 

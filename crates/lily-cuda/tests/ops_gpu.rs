@@ -391,6 +391,11 @@ fn moe_experts() {
             Arg::I32(f as i32),
             Arg::I32(fs as i32),
             Arg::I32(k as i32),
+            Arg::Ptr(0), // routing from idx
+            Arg::I32(e as i32),
+            // the down matrices, prefetched into L2 (no effect on the result)
+            Arg::Ptr(dn.ptr),
+            Arg::Ptr(sdn.ptr),
         ],
     )
     .unwrap();
@@ -425,21 +430,21 @@ fn moe_experts() {
             down: mat(psdn, vec![d, fs]),
         }
     };
+    // the expert in a slot: routed expert `ex`, or the shared one (None)
+    let ffn_of = |ex: Option<usize>| match ex {
+        None => shared.clone(),
+        Some(ex) => Ffn {
+            gate: mgu.rows(ex * 2 * f, f),
+            up: mgu.rows(ex * 2 * f + f, f),
+            down: mdn.rows(ex * d, d),
+        },
+    };
     let mut want = resid.clone();
     for ti in 0..t {
         let xr = &x[ti * d..(ti + 1) * d];
         for slot in 0..=k {
-            let ffn = if slot == k {
-                shared.clone()
-            } else {
-                let ex = idx[ti * k + slot] as usize;
-                Ffn {
-                    gate: mgu.rows(ex * 2 * f, f),
-                    up: mgu.rows(ex * 2 * f + f, f),
-                    down: mdn.rows(ex * d, d),
-                }
-            };
-            let y = lily_cpu::ops::moe::ffn_seq(xr, 1, &ffn, DType::F32);
+            let ex = (slot < k).then(|| idx[ti * k + slot] as usize);
+            let y = lily_cpu::ops::moe::ffn_seq(xr, 1, &ffn_of(ex), DType::F32);
             for i in 0..d {
                 want[ti * d + i] += wts[ti * (k + 1) + slot] * y[i];
             }
@@ -450,4 +455,83 @@ fn moe_experts() {
     let e2 = rel_l2(&delta_got, &delta_want);
     // the GPU rounds the SwiGLU activations to bf16 before the down product
     assert!(e2 < 8e-3, "moe experts: {e2}");
+
+    // The decode form (one token): every block of both kernels routes from the
+    // router's logits itself (softmax, top-8, renormalise, shared gate). The
+    // logits are rounded to halves, so the top 8 hold exact ties, which must
+    // go to the lower expert id as on the CPU.
+    let logits: Vec<f32> = random(e + 1, 38, 0.0, 2.0)
+        .iter()
+        .map(|v| (v * 2.0).round() / 2.0)
+        .collect();
+    let (lb, r1, counter) = (
+        g.upload_new(&logits).unwrap(),
+        g.upload_new(&resid[..d]).unwrap(),
+        g.alloc(4).unwrap(),
+    );
+    g.zero(counter.ptr, 4).unwrap();
+    g.launch(
+        "moe_gate_up_kernel",
+        (f.max(fs).div_ceil(8) as u32, (k + 1) as u32, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::Ptr(xb.ptr),
+            Arg::Ptr(gu.ptr),
+            Arg::Ptr(sgu.ptr),
+            Arg::Ptr(0), // no idx: routing from the logits
+            Arg::Ptr(hb.ptr),
+            Arg::I32(d as i32),
+            Arg::I32(f as i32),
+            Arg::I32(fs as i32),
+            Arg::I32(k as i32),
+            Arg::Ptr(lb.ptr),
+            Arg::I32(e as i32),
+            Arg::Ptr(dn.ptr),
+            Arg::Ptr(sdn.ptr),
+        ],
+    )
+    .unwrap();
+    g.launch(
+        "moe_down_norm_kernel",
+        (d.div_ceil(8) as u32, 1, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::Ptr(hb.ptr),
+            Arg::Ptr(dn.ptr),
+            Arg::Ptr(sdn.ptr),
+            Arg::Ptr(lb.ptr),
+            Arg::I32(e as i32),
+            Arg::Ptr(r1.ptr),
+            Arg::I32(d as i32),
+            Arg::I32(f as i32),
+            Arg::I32(fs as i32),
+            Arg::I32(k as i32),
+            Arg::Ptr(0), // no norm: x += the experts' sum
+            Arg::Ptr(0),
+            Arg::F32(1e-6),
+            Arg::Ptr(counter.ptr),
+        ],
+    )
+    .unwrap();
+    let got1: Vec<f32> = g.download(r1.ptr, d).unwrap();
+    let route = lily_cpu::ops::moe::route(&logits[..e], k, DType::F32);
+    let sg = 1.0 / (1.0 + (-logits[e]).exp());
+    let mut want1 = vec![0f32; d];
+    for slot in 0..=k {
+        let (ex, wt) = if slot < k {
+            (Some(route[slot].0), route[slot].1)
+        } else {
+            (None, sg)
+        };
+        let y = lily_cpu::ops::moe::ffn_seq(&x[..d], 1, &ffn_of(ex), DType::F32);
+        for i in 0..d {
+            want1[i] += wt * y[i];
+        }
+    }
+    let delta1: Vec<f32> = got1.iter().zip(&resid).map(|(a, b)| a - b).collect();
+    let e1 = rel_l2(&delta1, &want1);
+    // a wrong expert (a tie broken the other way) would give an O(1) error
+    assert!(e1 < 8e-3, "moe experts, decode form: {e1}");
 }
