@@ -130,12 +130,6 @@ __device__ __forceinline__ bool last_block_add_norm(float* __restrict__ x, const
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
-// Ask L2 to fetch [p, p + bytes) from device memory (sm_90 bulk prefetch;
-// p and bytes multiples of 16; no registers held, nothing waits for it).
-__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
-    if (bytes) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-}
-
 // The block's copy of a decode activation vector in shared memory (up to
 // XS_MAX bf16): read once per block through L2 after the PDL wait, instead of
 // once per warp (which, for the lm_head, would read as many bytes from L2 as

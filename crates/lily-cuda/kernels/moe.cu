@@ -60,8 +60,9 @@ __device__ __forceinline__ void topk8_warp(float* v, int* id) {
 }
 
 // Softmax over the E routed logits of one token, top-K (ties to the lower id),
-// renormalised; slot K carries the shared expert's gate sigmoid(l[E]). Run by
-// one warp; E <= 256, K <= 8 (the CUDA model checks both at load). Logits are
+// renormalised; slot K carries the shared expert's gate sigmoid(l[E]); with
+// wts null only the ids. Run by one warp; E <= 256, K <= 8 (the CUDA model
+// checks both at load). Logits are
 // read through L2 (__ldcg): in the fused decode kernel other blocks wrote
 // them, and an SM's L1 may still hold last step's lines.
 __device__ void topk_warp(const float* __restrict__ l, int E, int K, int* __restrict__ idx,
@@ -74,6 +75,17 @@ __device__ void topk_warp(const float* __restrict__ l, int E, int K, int* __rest
     for (int s = 0; s < 8; s++) {
         ids[s] = lane + 32 * s;
         v[s] = ids[s] < E ? __ldcg(l + ids[s]) : -LILY_INF;
+    }
+    if (!wts) {  // the ids alone (the gate/up products need no weights)
+        topk8_warp(v, ids);
+        if (lane < K) {
+            int e = ids[0];
+#pragma unroll
+            for (int k = 1; k < 8; k++)
+                if (lane == k) e = ids[k];
+            idx[lane] = e;
+        }
+        return;
     }
     float m = -LILY_INF;
 #pragma unroll
@@ -141,16 +153,16 @@ extern "C" __global__ void router_decode_kernel(const bf16* __restrict__ W, cons
 }
 
 // The routing of one decode token, computed by warp 0 of the calling block from
-// the router's logits [E + 1] into shared memory: expert ids [K] and weights
-// [K + 1] (slot K: the shared expert's gate). Every thread of the block calls
-// it; it ends with a barrier.
+// the router's logits [E + 1] into shared memory: expert ids [K] and, with
+// `weights`, their weights [K + 1] (slot K: the shared expert's gate). Every
+// thread of the block calls it; it ends with a barrier.
 struct Routing {
     int idx[8];
     float wts[9];
 };
-__device__ __forceinline__ const Routing& route_block(const float* __restrict__ logits, int E, int K) {
+__device__ __forceinline__ const Routing& route_block(const float* __restrict__ logits, int E, int K, bool weights) {
     __shared__ Routing r;
-    if (threadIdx.x < 32) topk_warp(logits, E, K, r.idx, r.wts);
+    if (threadIdx.x < 32) topk_warp(logits, E, K, r.idx, weights ? r.wts : nullptr);
     __syncthreads();
     return r;
 }
@@ -194,17 +206,15 @@ __device__ __forceinline__ void gate_up_dots(const bf16* __restrict__ g, const b
 }
 
 // With logits non-null (one decode token; idx unused), each block of a
-// routed slot runs the top-K itself after the wait (route_block). With down
-// non-null (one decode token), each block also asks L2 to fetch
-// its share of its expert's down matrix ([D, width] bf16, split evenly over
-// the blocks of the slot), so the down product that follows reads its
-// weights from L2: its blocks cannot become resident, and prefetch for
-// themselves, until this kernel's blocks leave the SMs.
-extern "C" __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const bf16* __restrict__ gate_up,
-                                              const bf16* __restrict__ shared_gate_up, const int* __restrict__ idx,
-                                              bf16* __restrict__ h, int D, int F, int Fs, int K,
-                                              const float* __restrict__ logits, int E,
-                                              const bf16* __restrict__ down, const bf16* __restrict__ shared_down) {
+// routed slot runs the top-K itself after the wait (route_block, ids only).
+// (At most 80 registers: three 256-thread blocks an SM, 576 blocks in 1.45
+// waves instead of 2.2. Tried and dropped: each block asking L2 to prefetch
+// its share of its expert's down matrix: the down product gained 0.6 us a
+// layer, this kernel lost more, its DRAM stream being 50% longer.)
+extern "C" __global__ void __launch_bounds__(256, 3)
+    moe_gate_up_kernel(const bf16* __restrict__ x, const bf16* __restrict__ gate_up,
+                       const bf16* __restrict__ shared_gate_up, const int* __restrict__ idx, bf16* __restrict__ h,
+                       int D, int F, int Fs, int K, const float* __restrict__ logits, int E) {
     int lane = threadIdx.x & 31;
     int f = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int slot = blockIdx.y;
@@ -217,23 +227,17 @@ extern "C" __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const 
     if (D == 2048) {
         // the routed expert's id is known only after the wait
         const bf16* base = shared_gate_up;
-        const bf16* dn = shared_down;
         if (!shared) {
             pdl_wait();
-            const long e = logits ? route_block(logits, E, K).idx[slot] : __ldcg(idx + t * K + slot);
+            const long e = logits ? route_block(logits, E, K, false).idx[slot] : __ldcg(idx + t * K + slot);
             base = gate_up + e * 2 * F * D;
-            dn = down ? down + e * D * F : nullptr;
-        }
-        if (dn && threadIdx.x == 0) {
-            const unsigned share = (unsigned)((long)D * width * 2 / gridDim.x) & ~15u;
-            prefetch_l2(reinterpret_cast<const char*>(dn) + (long)blockIdx.x * share, share);
         }
         const bf16* g = base + (long)(ok ? f : 0) * D;
         gate_up_dots<8>(g, g + (long)width * D, xr, ok, ag, au);
     } else {
         pdl_wait();
         pdl_trigger();
-        const long e = shared ? 0 : logits ? route_block(logits, E, K).idx[slot] : __ldcg(idx + t * K + slot);
+        const long e = shared ? 0 : logits ? route_block(logits, E, K, false).idx[slot] : __ldcg(idx + t * K + slot);
         if (!ok) return;
         const bf16* base = shared ? shared_gate_up : gate_up + e * 2 * F * D;
         const bf16* g = base + (long)f * D;
@@ -315,7 +319,7 @@ extern "C" __global__ void moe_down_norm_kernel(const bf16* __restrict__ h, cons
     int d = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     bool ok = d < D;
-    const Routing& rt = route_block(logits, E, K);
+    const Routing& rt = route_block(logits, E, K, true);
     if (F == 512 && Fs == 512 && K == 8) {
         uint4 r[9][2];
         if (ok) {

@@ -972,8 +972,6 @@ impl CudaModel {
                 Arg::I32(k as i32),
                 Arg::Ptr(s.rl.ptr), // each block routes from the logits
                 Arg::I32(e as i32),
-                Arg::Ptr(lw.down.ptr), // into L2 for the down product
-                Arg::Ptr(lw.shared_down.ptr),
             ],
         )?;
         self.mark("moe gate/up", moe_gate_up_bytes(cfg))?;

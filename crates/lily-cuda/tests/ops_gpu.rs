@@ -393,9 +393,6 @@ fn moe_experts() {
             Arg::I32(k as i32),
             Arg::Ptr(0), // routing from idx
             Arg::I32(e as i32),
-            // the down matrices, prefetched into L2 (no effect on the result)
-            Arg::Ptr(dn.ptr),
-            Arg::Ptr(sdn.ptr),
         ],
     )
     .unwrap();
@@ -487,8 +484,6 @@ fn moe_experts() {
             Arg::I32(k as i32),
             Arg::Ptr(lb.ptr),
             Arg::I32(e as i32),
-            Arg::Ptr(dn.ptr),
-            Arg::Ptr(sdn.ptr),
         ],
     )
     .unwrap();
