@@ -4,7 +4,7 @@
 // state S[:, c] evolves independently of the others given k, q, v[c], g and
 // beta, so each lane owns one column in registers (Dk = 128 floats) and a
 // warp covers 32 columns. gdn_decode_kernel (end of file) is the T = 1 step
-// fused with the gated RMSNorm, laid out for bandwidth.
+// fused with the conv and the gated RMSNorm, laid out for bandwidth.
 #include "common.cuh"
 #define DK 128
 
@@ -107,16 +107,16 @@ extern "C" __global__ void gdn_recurrent_kernel(const float* __restrict__ conv, 
 }
 
 // ---------------------------------------------------------------------------
-// Decode (T = 1): the gated delta step and the gated RMSNorm, fused.
+// Decode (T = 1): the conv, the gated delta step and the gated RMSNorm, fused.
 //
 // The step reads and writes every head's f32 state once (Hv * 64 KiB = 2 MiB at
 // Hv = 32) and does ~4 flops per state element, so it is a pure bandwidth
 // problem: the goal is the whole state in flight at once, spread over as many
 // SMs as possible, with coalesced 16-byte accesses and no register spills.
 //
-// Geometry: a thread block cluster of 4 blocks per v head (grid Hv * 4, cluster
-// dims fixed at compile time, so a plain cuLaunchKernel launches it); block r
-// of the cluster owns the head's state columns [32 r, 32 r + 32). Block: 256
+// Geometry: 4 blocks per v head (grid Hv * 4) in clusters of 8 (cluster dims
+// fixed at compile time, so a plain cuLaunchKernel launches it); block r of a
+// head owns its state columns [32 r, 32 r + 32). Block: 256
 // threads = 8 warps; lane = 8 * rs + cg: cg (0..7) picks 4 adjacent columns
 // (a float4), rs (0..3) a row; warp w and i (0..3) give the thread's rows
 // r = 32 i + 4 w + rs. So a thread holds a 4 x 4 tile of S (16 registers),
@@ -129,12 +129,22 @@ extern "C" __global__ void gdn_recurrent_kernel(const float* __restrict__ conv, 
 // and Sd^T q come out of ONE reduction over rows (shuffles over rs, then shared
 // memory over the 8 warps), and the new state can be stored as soon as delta
 // is known. The output norm needs mean(o^2) over the head's 128 columns, i.e.
-// over the 4 blocks of the cluster: each block's sum of squares is exchanged
-// through distributed shared memory (mapa + cluster barriers), no global
-// scratch and no atomics, so the launch is graph-capturable with fixed args.
+// over the head's 4 blocks: each block's sum of squares is exchanged through
+// distributed shared memory (mapa + cluster barriers), no global scratch and
+// no atomics, so the launch is graph-capturable with fixed args.
+//
+// The causal conv + SiLU (width 4) is fused in: each block computes the 256
+// q/k channels of its key head and its own 32 v channels from the in
+// projection's output (its conv history and taps loaded before the PDL wait,
+// like the state), instead of a conv kernel writing them to memory first.
+// A cluster is 8 blocks, two v heads: at Hv = 2 Hk (or Hv = Hk) every block
+// that reads a key head's q/k channels is in one cluster, so the one block
+// that writes their new history can do it after a cluster barrier, once all
+// of them have read the old one.
 #define GDN_DEC_DV 128
-#define GDN_DEC_CLUSTER 4
-#define GDN_DEC_COLS (GDN_DEC_DV / GDN_DEC_CLUSTER)
+#define GDN_DEC_HEAD_BLOCKS 4
+#define GDN_DEC_CLUSTER 8
+#define GDN_DEC_COLS (GDN_DEC_DV / GDN_DEC_HEAD_BLOCKS)
 #define GDN_DEC_THREADS 256
 
 __device__ __forceinline__ unsigned cluster_ctarank_() {
@@ -156,60 +166,103 @@ __device__ __forceinline__ const float* cluster_map_(const float* p, unsigned ra
     return reinterpret_cast<const float*>(out);
 }
 
-// Grid (Hv * 4), block 256, cluster 4. Dk = Dv = 128.
-// conv: [C] = [q (Hk*128) | k (Hk*128) | v (Hv*128)] f32, post conv + SiLU,
-// 16-byte aligned; ba: [2*Hv] = [b | a]; a_log, dt_bias: [Hv]; z: [Hv*128];
-// w: [128] (gated-norm weight); S: [Hv, 128, 128] f32, 16-byte aligned,
-// updated in place; out: [Hv*128] bf16 =
+// Conv (width 4) of one channel: taps w[0..3], history h[0..2] (oldest
+// first), input x; the sum in conv_silu_kernel's order, so the bits match.
+__device__ __forceinline__ float conv4_silu(const float* w, const float* h, float x) {
+    float acc = w[3] * x;
+#pragma unroll
+    for (int i = 0; i < 3; i++) acc += w[i] * h[i];
+    return siluf_(acc);
+}
+
+// Grid (Hv * 4), block 256, cluster 8 (Hv even, Hv / Hk 1 or 2). Dk = Dv = 128.
+// mixed: [C] = [q (Hk*128) | k (Hk*128) | v (Hv*128)] f32, the in projection's
+// output before the conv; conv_state: [C, 3] f32 (oldest first), updated in
+// place; conv_w: [C, 4]; ba: [2*Hv] = [b | a]; a_log, dt_bias: [Hv];
+// z: [Hv*128]; w: [128] (gated-norm weight); S: [Hv, 128, 128] f32, 16-byte
+// aligned, updated in place; out: [Hv*128] bf16 =
 // bf16(w * (o * rsqrt(mean(o^2) + eps)) * silu(z)) per head.
 extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_bounds__(GDN_DEC_THREADS)
-    gdn_decode_kernel(const float* __restrict__ conv, const float* __restrict__ ba,
+    gdn_decode_kernel(const float* __restrict__ mixed, float* __restrict__ conv_state,
+                      const float* __restrict__ conv_w, const float* __restrict__ ba,
                       const float* __restrict__ a_log, const float* __restrict__ dt_bias,
                       const float* __restrict__ z, const float* __restrict__ w,
                       float* __restrict__ S, bf16* __restrict__ out, int Hk, int Hv, float eps) {
     __shared__ float4 red_u[8][GDN_DEC_COLS / 4], red_q[8][GDN_DEC_COLS / 4];
-    __shared__ float part;  // this block's sum of o^2, read by the whole cluster
+    __shared__ float part;  // this block's sum of o^2, read by the head's 4 blocks
+    __shared__ __align__(16) float qk_s[2 * DK];  // q | k of the key head, after conv + SiLU
+    __shared__ __align__(16) float v_s[GDN_DEC_COLS];  // this block's v columns, likewise
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int rs = lane >> 3, cg = lane & 7;
     const unsigned rank = cluster_ctarank_();
-    const int j = blockIdx.x / GDN_DEC_CLUSTER;
-    const int col0 = (int)rank * GDN_DEC_COLS;  // first column of this block
+    const unsigned hrank = rank % GDN_DEC_HEAD_BLOCKS;  // column block within the head
+    const int j = blockIdx.x / GDN_DEC_HEAD_BLOCKS;
+    const int col0 = (int)hrank * GDN_DEC_COLS;  // first column of this block
     const int kh = j / (Hv / Hk);
 
-    // 1. The state tile first: 4 rows x float4, all loads in flight together.
+    // 1. The state tile first: 4 rows x float4, all loads in flight together;
+    //    then the conv history and taps of the block's channels: thread tid
+    //    has q/k channel tid of the key head, warp 0 also v column col0 + lane.
     float* Sj = S + (long)j * DK * GDN_DEC_DV + col0 + cg * 4;
     float4 s[4];
 #pragma unroll
     for (int i = 0; i < 4; i++)
         s[i] = __ldcg(reinterpret_cast<const float4*>(Sj + (long)(32 * i + 4 * warp + rs) * GDN_DEC_DV));
-    // (the layer's own state: no earlier kernel of the step writes it, so it
-    // streams in before the PDL wait, while the previous kernel finishes)
+    const long cqk = tid < DK ? (long)kh * DK + tid : (long)Hk * DK + (long)kh * DK + (tid - DK);
+    const long cv = 2L * Hk * DK + (long)j * GDN_DEC_DV + col0 + lane;
+    float hqk[3], wqk[4], hv[3] = {0.f, 0.f, 0.f}, wv[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < 3; i++) hqk[i] = __ldcg(conv_state + cqk * 3 + i);
+#pragma unroll
+    for (int i = 0; i < 4; i++) wqk[i] = conv_w[cqk * 4 + i];
+    if (warp == 0) {
+#pragma unroll
+        for (int i = 0; i < 3; i++) hv[i] = __ldcg(conv_state + cv * 3 + i);
+#pragma unroll
+        for (int i = 0; i < 4; i++) wv[i] = conv_w[cv * 4 + i];
+    }
+    // (the layer's own state and conv history: no earlier kernel of the step
+    // writes them, so they stream in before the PDL wait, while the previous
+    // kernel finishes)
     pdl_wait();
     pdl_trigger();
 
-    // 2. q, k of the key head: every warp computes the norms and k . q itself
-    //    (lane holds elements 4 lane .. 4 lane + 3), so no block barrier.
-    const float* qg = conv + (long)kh * DK;
-    const float* kg = conv + (long)Hk * DK + (long)kh * DK;
-    float4 q4 = __ldcg(reinterpret_cast<const float4*>(qg + lane * 4));
-    float4 k4 = __ldcg(reinterpret_cast<const float4*>(kg + lane * 4));
-    float4 v4 = __ldcg(reinterpret_cast<const float4*>(conv + 2L * Hk * DK + (long)j * GDN_DEC_DV + col0 + cg * 4));
+    // 2. The conv of the block's channels into shared memory (with every other
+    //    input an earlier kernel wrote requested at once: z, b, a).
+    const float xqk = __ldcg(mixed + cqk);
+    float xv = 0.f, zraw = 0.f;
+    if (warp == 0) {
+        xv = __ldcg(mixed + cv);
+        zraw = __ldcg(z + (long)j * GDN_DEC_DV + col0 + lane);
+    }
+    const float braw = __ldcg(ba + j), araw = __ldcg(ba + Hv + j);
+    qk_s[tid] = conv4_silu(wqk, hqk, xqk);
+    if (warp == 0) v_s[lane] = conv4_silu(wv, hv, xv);
+    __syncthreads();
+
+    // 3. q, k of the key head: every warp computes the norms and k . q itself
+    //    (lane holds elements 4 lane .. 4 lane + 3).
+    const float* qg = qk_s;
+    const float* kg = qk_s + DK;
+    float4 q4 = *reinterpret_cast<const float4*>(qg + lane * 4);
+    float4 k4 = *reinterpret_cast<const float4*>(kg + lane * 4);
+    float4 v4 = *reinterpret_cast<const float4*>(v_s + cg * 4);
     float kr[4], qr[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         int r = 32 * i + 4 * warp + rs;
-        kr[i] = __ldcg(kg + r);
-        qr[i] = __ldcg(qg + r);
+        kr[i] = kg[r];
+        qr[i] = qg[r];
     }
-    // warp 0 finishes the block's columns (lane = column): its v, w, z now, off the critical path
+    // warp 0 finishes the block's columns (lane = column): its v, w, z
     float vc = 0.f, wc = 0.f, zc = 0.f;
     if (warp == 0) {
-        vc = __ldcg(conv + 2L * Hk * DK + (long)j * GDN_DEC_DV + col0 + lane);
+        vc = v_s[lane];
         wc = w[col0 + lane];
-        zc = siluf_(__ldcg(z + (long)j * GDN_DEC_DV + col0 + lane));
+        zc = siluf_(zraw);
     }
-    float beta = sigmoidf_(__ldcg(ba + j));
-    float decay = expf(-expf(a_log[j]) * softplusf_(__ldcg(ba + Hv + j) + dt_bias[j]));
+    float beta = sigmoidf_(braw);
+    float decay = expf(-expf(a_log[j]) * softplusf_(araw + dt_bias[j]));
     float ksq = warp_sum(k4.x * k4.x + k4.y * k4.y + k4.z * k4.z + k4.w * k4.w);
     float qsq = warp_sum(q4.x * q4.x + q4.y * q4.y + q4.z * q4.z + q4.w * q4.w);
     float kq = warp_sum(k4.x * q4.x + k4.y * q4.y + k4.z * q4.z + k4.w * q4.w);
@@ -292,14 +345,28 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
         float ss = warp_sum(o * o);
         if (lane == 0) part = ss;
     }
-    // 6. The head's sum of squares over the cluster's 4 blocks, then the gated norm.
+    // 6. The head's sum of squares over its 4 blocks, then the gated norm.
     cluster_sync_();
     if (warp == 0) {
         float ss = 0.f;
+        const unsigned r0 = rank - hrank;
 #pragma unroll
-        for (unsigned r = 0; r < GDN_DEC_CLUSTER; r++) ss += *cluster_map_(&part, r);
+        for (unsigned r = 0; r < GDN_DEC_HEAD_BLOCKS; r++) ss += *cluster_map_(&part, r0 + r);
         float inv = rsqrtf(ss / GDN_DEC_DV + eps);
         out[(long)j * GDN_DEC_DV + col0 + lane] = f2bf(wc * (o * inv) * zc);
+    }
+    // 7. The conv history: the v columns by their block; the q/k channels by
+    //    one block of the key head (column block 0 of its first v head), now
+    //    that every block of the cluster, so every reader, is past the barrier.
+    if (warp == 0) {
+        conv_state[cv * 3 + 0] = hv[1];
+        conv_state[cv * 3 + 1] = hv[2];
+        conv_state[cv * 3 + 2] = xv;
+    }
+    if (hrank == 0 && j % (Hv / Hk) == 0) {
+        conv_state[cqk * 3 + 0] = hqk[1];
+        conv_state[cqk * 3 + 1] = hqk[2];
+        conv_state[cqk * 3 + 2] = xqk;
     }
     // No block may exit (freeing its shared memory) while another still reads `part`.
     cluster_sync_();

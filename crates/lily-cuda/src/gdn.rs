@@ -175,39 +175,53 @@ pub fn gdn_chunked_prefill(
     Ok(())
 }
 
-/// The value head dimension `gdn_decode_kernel` is compiled for (a cluster of
-/// 4 blocks of 32 state columns covers one head).
+/// The value head dimension `gdn_decode_kernel` is compiled for (4 blocks of
+/// 32 state columns cover one head).
 pub const GDN_DECODE_DV: usize = 128;
-/// Blocks per v head (the kernel's compile-time cluster size) and threads per block.
-const DECODE_CLUSTER: usize = 4;
+/// The conv width `gdn_decode_kernel` is compiled for.
+pub const GDN_DECODE_CONV: usize = 4;
+/// Blocks per v head, blocks per cluster (two v heads, compile-time) and
+/// threads per block.
+const DECODE_HEAD_BLOCKS: usize = 4;
+const DECODE_CLUSTER: usize = 8;
 const DECODE_THREADS: u32 = 256;
 
-/// The shapes `gdn_decode` supports: Dk = Dv = 128, Hv a positive multiple of Hk.
-pub fn gdn_decode_check(hk: usize, hv: usize, dk: usize, dv: usize) -> Result<()> {
+/// The shapes `gdn_decode` supports: Dk = Dv = 128, conv width 4, Hv even and
+/// Hv / Hk 1 or 2 (every block that reads a key head's q/k channels must sit
+/// in one cluster of two v heads: see kernels/gdn.cu).
+pub fn gdn_decode_check(hk: usize, hv: usize, dk: usize, dv: usize, conv: usize) -> Result<()> {
     if dk != GDN_DK {
         bail!("gdn_decode: key head dim must be {GDN_DK}, got {dk}");
     }
     if dv != GDN_DECODE_DV {
         bail!("gdn_decode: value head dim must be {GDN_DECODE_DV}, got {dv}");
     }
-    if hk == 0 || hv == 0 || !hv.is_multiple_of(hk) {
-        bail!("gdn_decode: value heads ({hv}) must be a positive multiple of key heads ({hk})");
+    if conv != GDN_DECODE_CONV {
+        bail!("gdn_decode: conv width must be {GDN_DECODE_CONV}, got {conv}");
     }
-    if hv * DECODE_CLUSTER > i32::MAX as usize {
+    if hk == 0
+        || hv == 0
+        || !(hv == hk || hv == 2 * hk)
+        || !(hv * DECODE_HEAD_BLOCKS).is_multiple_of(DECODE_CLUSTER)
+    {
+        bail!("gdn_decode: value heads ({hv}) must be even and 1 or 2 times the key heads ({hk})");
+    }
+    if hv * DECODE_HEAD_BLOCKS > i32::MAX as usize {
         bail!("gdn_decode: too many heads ({hv})");
     }
     Ok(())
 }
 
-/// One decode step (T = 1) of a GDN layer's core and its output norm, fused
-/// (`gdn_decode_kernel`): exactly `gdn_recurrent_kernel` at T = 1 followed by
-/// `gated_rmsnorm_kernel`, in one launch on the Gpu's stream. Runs after
-/// `conv_silu_kernel`. No host synchronisation and no per-step arguments, so it
-/// can be captured in a CUDA graph.
+/// One decode step (T = 1) of a GDN layer's conv, core and output norm, fused
+/// (`gdn_decode_kernel`): exactly `conv_silu_kernel`, `gdn_recurrent_kernel`
+/// at T = 1 and `gated_rmsnorm_kernel`, in one launch on the Gpu's stream. No
+/// host synchronisation and no per-step arguments, so it can be captured in a
+/// CUDA graph.
 ///
 /// Device pointers:
-/// - `conv_out` [C] f32, C = 2*hk*128 + hv*dv: q | k | v after conv + SiLU, not
-///   normalised (16-byte aligned);
+/// - `mixed` [C] f32, C = 2*hk*128 + hv*dv: q | k | v before the conv (the
+///   in projection's output);
+/// - `conv_state` [C, 3] f32 (oldest first), updated in place; `conv_w` [C, 4];
 /// - `ba` [2*hv] f32: b (beta = sigmoid(b)) then a (g = -exp(a_log) softplus(a + dt_bias));
 /// - `a_log`, `dt_bias` [hv] f32;
 /// - `z` [hv*dv] f32: the output gate;
@@ -216,13 +230,15 @@ pub fn gdn_decode_check(hk: usize, hv: usize, dk: usize, dv: usize) -> Result<()
 /// - `out` [hv*dv] bf16: `w * (o * rsqrt(mean(o^2) + eps)) * silu(z)` per head,
 ///   the input of out_proj.
 ///
-/// Geometry: grid hv*4 blocks of 256 threads in clusters of 4 (one cluster per
-/// v head, one block per 32 state columns; each thread holds a 4x4 tile of
-/// the state in registers).
+/// Geometry: grid hv*4 blocks of 256 threads in clusters of 8 (4 blocks per v
+/// head, one per 32 state columns; each thread holds a 4x4 tile of the state
+/// in registers).
 #[allow(clippy::too_many_arguments)]
 pub fn gdn_decode(
     gpu: &Gpu,
-    conv_out: u64,
+    mixed: u64,
+    conv_state: u64,
+    conv_w: u64,
     ba: u64,
     a_log: u64,
     dt_bias: u64,
@@ -235,17 +251,19 @@ pub fn gdn_decode(
     dv: usize,
     eps: f32,
 ) -> Result<()> {
-    gdn_decode_check(hk, hv, GDN_DK, dv)?;
-    if !conv_out.is_multiple_of(16) || !s.is_multiple_of(16) {
-        bail!("gdn_decode: conv_out and the state must be 16-byte aligned");
+    gdn_decode_check(hk, hv, GDN_DK, dv, GDN_DECODE_CONV)?;
+    if !s.is_multiple_of(16) {
+        bail!("gdn_decode: the state must be 16-byte aligned");
     }
     gpu.launch(
         "gdn_decode_kernel",
-        ((hv * DECODE_CLUSTER) as u32, 1, 1),
+        ((hv * DECODE_HEAD_BLOCKS) as u32, 1, 1),
         (DECODE_THREADS, 1, 1),
         0,
         &[
-            Arg::Ptr(conv_out),
+            Arg::Ptr(mixed),
+            Arg::Ptr(conv_state),
+            Arg::Ptr(conv_w),
             Arg::Ptr(ba),
             Arg::Ptr(a_log),
             Arg::Ptr(dt_bias),

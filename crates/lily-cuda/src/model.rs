@@ -677,27 +677,13 @@ impl CudaModel {
             &lw.input_norm,
         )?;
         self.mark("gdn in proj", (w.qkv.bytes + w.z.bytes + w.ba.bytes) as u64)?;
-        g.launch(
-            "conv_silu_kernel",
-            (c.div_ceil(128) as u32, 1, 1),
-            (128, 1, 1),
-            0,
-            &[
-                Arg::Ptr(s.big.ptr),
-                Arg::Ptr(st.0.ptr),
-                Arg::Ptr(w.conv.ptr),
-                Arg::Ptr(s.conv.ptr),
-                Arg::I32(t as i32),
-                Arg::I32(c as i32),
-                Arg::I32(wd as i32),
-            ],
-        )?;
-        self.mark("gdn conv", gdn_conv_bytes(cfg))?;
         if t == 1 {
-            // decode: recurrence step and gated norm in one kernel
+            // decode: conv, recurrence step and gated norm in one kernel
             crate::gdn::gdn_decode(
                 g,
-                s.conv.ptr,
+                s.big.ptr,
+                st.0.ptr,
+                w.conv.ptr,
                 s.ba.ptr,
                 w.a_log.ptr,
                 w.dt_bias.ptr,
@@ -711,6 +697,22 @@ impl CudaModel {
                 cfg.rms_norm_eps,
             )?;
         } else {
+            g.launch(
+                "conv_silu_kernel",
+                (c.div_ceil(128) as u32, 1, 1),
+                (128, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(s.big.ptr),
+                    Arg::Ptr(st.0.ptr),
+                    Arg::Ptr(w.conv.ptr),
+                    Arg::Ptr(s.conv.ptr),
+                    Arg::I32(t as i32),
+                    Arg::I32(c as i32),
+                    Arg::I32(wd as i32),
+                ],
+            )?;
+            self.mark("gdn conv", gdn_conv_bytes(cfg))?;
             // prefill: the chunked (UT-transform) form, parallel over chunks
             crate::gdn::gdn_chunked_prefill(
                 g,
@@ -741,7 +743,9 @@ impl CudaModel {
                 ],
             )?;
         }
-        self.mark("gdn core", gdn_core_bytes(cfg) - gdn_conv_bytes(cfg))?;
+        // (decode: the conv runs inside the core kernel)
+        let conv = if t == 1 { 0 } else { gdn_conv_bytes(cfg) };
+        self.mark("gdn core", gdn_core_bytes(cfg) - conv)?;
         self.out_proj(&w.out, hv * dv, t)?;
         self.mark("gdn out proj", w.out.bytes as u64)
     }

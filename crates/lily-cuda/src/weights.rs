@@ -223,6 +223,14 @@ pub fn upload(
             cfg.linear_conv_kernel_dim
         );
     }
+    // the fused GDN decode kernel's shapes (Dv 128, conv width 4, Hv / Hk 1 or 2)
+    crate::gdn::gdn_decode_check(
+        cfg.linear_num_key_heads,
+        cfg.linear_num_value_heads,
+        cfg.linear_key_head_dim,
+        cfg.linear_value_head_dim,
+        cfg.linear_conv_kernel_dim,
+    )?;
     if cfg.num_experts > 256 || cfg.num_experts_per_tok > 8 {
         bail!(
             "the CUDA router's top-K is built for at most 256 experts and 8 per token (got {} and {})",

@@ -25,6 +25,7 @@
 
 mod support;
 
+use lily_cpu::ops::conv::causal_conv1d_silu;
 use lily_cpu::ops::norm::gated_rmsnorm;
 use lily_cuda::gdn::{
     gdn_chunk_record_floats, gdn_chunked_prefill, gdn_chunked_scratch_bytes, gdn_decode,
@@ -213,7 +214,9 @@ fn chunked_detects_a_wrong_state() {
 }
 
 // ---------------------------------------------------------------------------
-// Fused decode (T = 1): `gdn_decode` = gdn_recurrent_kernel + gated_rmsnorm_kernel.
+// Fused decode (T = 1): `gdn_decode` = conv_silu_kernel + gdn_recurrent_kernel +
+// gated_rmsnorm_kernel (the conv checked bit for bit through its history, and
+// through the outputs, which use the CPU's conv rows on the reference paths).
 //
 // Tolerances. The output is bf16 (the input of out_proj); the references are:
 // - the CPU in f32 (`gated_rmsnorm` with DType::F32: no intermediate rounding,
@@ -236,20 +239,54 @@ const TOL_DEC_S: f64 = 1e-5;
 const EPS: f32 = 1e-6;
 const STEPS: usize = 6;
 
-/// Inputs of `steps` decode steps: the core's (per-step conv rows and b | a,
-/// a random non-zero initial state) plus the output gate z [steps, Hv*Dv] and
-/// the gated-norm weight [Dv].
+/// Inputs of `steps` decode steps: the conv's (per-step rows before the conv,
+/// its taps and initial history), the core's (b | a, a random non-zero
+/// initial state; its conv rows are the CPU conv of the mixed rows) plus the
+/// output gate z [steps, Hv*Dv] and the gated-norm weight [Dv].
 struct DecodeInputs {
     x: GdnInputs,
     z: Vec<f32>,
     norm_w: Vec<f32>,
+    /// [steps, C] the in projection's output, before the conv
+    mixed: Vec<f32>,
+    /// [C, CONV] taps, [C, CONV - 1] initial history
+    taps: Vec<f32>,
+    conv0: Vec<f32>,
+    /// the CPU's conv history after each step
+    conv_states: Vec<Vec<f32>>,
 }
 
+const CONV: usize = 4;
+
 fn decode_inputs(steps: usize, seed: u64) -> DecodeInputs {
+    let mut x = inputs(steps, seed);
+    let mixed = random_nonzero(steps * C, seed + 8, 0.0, 1.0);
+    let taps = random_nonzero(C * CONV, seed + 9, 0.0, 0.5);
+    let conv0 = random_nonzero(C * (CONV - 1), seed + 10, 0.0, 1.0);
+    let mut hist = conv0.clone();
+    let mut conv_states = Vec::new();
+    x.conv.clear();
+    for t in 0..steps {
+        let row = &mixed[t * C..(t + 1) * C];
+        x.conv.extend(causal_conv1d_silu(
+            row,
+            1,
+            C,
+            &taps,
+            CONV,
+            &mut hist,
+            DType::F32,
+        ));
+        conv_states.push(hist.clone());
+    }
     DecodeInputs {
-        x: inputs(steps, seed),
+        x,
         z: random_nonzero(steps * HV * DV, seed + 6, 0.0, 1.5),
         norm_w: random_nonzero(DV, seed + 7, 1.0, 0.3),
+        mixed,
+        taps,
+        conv0,
+        conv_states,
     }
 }
 
@@ -278,11 +315,16 @@ fn cpu_decode(d: &DecodeInputs) -> Vec<(Vec<f32>, Vec<f32>)> {
 
 /// The GPU, step by step, with every launch's arguments fixed across steps (as
 /// a captured graph replays them: each step's inputs are copied into the same
-/// buffers). `fused`: `gdn_decode`; else gdn_recurrent_kernel (T = 1) +
-/// gated_rmsnorm_kernel. Per step: (out as f32 from bf16, state after it).
+/// buffers). `fused`: `gdn_decode` from the rows before the conv (its conv
+/// history must then match the CPU's bit for bit after every step); else
+/// gdn_recurrent_kernel (T = 1) + gated_rmsnorm_kernel from the CPU's conv
+/// rows. Per step: (out as f32 from bf16, state after it).
 fn gpu_decode(g: &Gpu, d: &DecodeInputs, fused: bool) -> Vec<(Vec<f32>, Vec<f32>)> {
     let x = &d.x;
     let conv = g.alloc(C * 4).unwrap();
+    let mixed = g.alloc(C * 4).unwrap();
+    let taps = g.upload_new(&d.taps).unwrap();
+    let hist = g.upload_new(&d.conv0).unwrap();
     let ba = g.alloc(2 * HV * 4).unwrap();
     let z = g.alloc(HV * DV * 4).unwrap();
     let a_log = g.upload_new(&x.a_log).unwrap();
@@ -295,6 +337,7 @@ fn gpu_decode(g: &Gpu, d: &DecodeInputs, fused: bool) -> Vec<(Vec<f32>, Vec<f32>
     let mut steps = Vec::new();
     for t in 0..x.t {
         g.upload(conv.ptr, &x.conv[t * C..(t + 1) * C]).unwrap();
+        g.upload(mixed.ptr, &d.mixed[t * C..(t + 1) * C]).unwrap();
         g.upload(ba.ptr, &x.ba[t * 2 * HV..(t + 1) * 2 * HV])
             .unwrap();
         g.upload(z.ptr, &d.z[t * HV * DV..(t + 1) * HV * DV])
@@ -302,7 +345,9 @@ fn gpu_decode(g: &Gpu, d: &DecodeInputs, fused: bool) -> Vec<(Vec<f32>, Vec<f32>
         if fused {
             gdn_decode(
                 g,
-                conv.ptr,
+                mixed.ptr,
+                hist.ptr,
+                taps.ptr,
                 ba.ptr,
                 a_log.ptr,
                 dt_bias.ptr,
@@ -340,6 +385,18 @@ fn gpu_decode(g: &Gpu, d: &DecodeInputs, fused: bool) -> Vec<(Vec<f32>, Vec<f32>
             .unwrap();
         }
         g.sync().unwrap();
+        if fused {
+            let h: Vec<f32> = g.download(hist.ptr, C * (CONV - 1)).unwrap();
+            let bad = h
+                .iter()
+                .zip(&d.conv_states[t])
+                .filter(|(a, b)| a.to_bits() != b.to_bits());
+            assert_eq!(
+                bad.count(),
+                0,
+                "step {t}: conv history differs from the CPU's"
+            );
+        }
         let o16: Vec<u16> = g.download(out.ptr, HV * DV).unwrap();
         steps.push((
             from_bf16_bits(&o16),
@@ -414,12 +471,17 @@ fn decode_output_depends_on_the_state() {
 #[test]
 fn decode_rejects_unsupported_shapes() {
     // no GPU needed: the launcher checks shapes before it launches
-    assert!(gdn_decode_check(HK, HV, DK, DV).is_ok());
-    assert!(gdn_decode_check(HV, HV, DK, DV).is_ok());
-    assert!(gdn_decode_check(HK, HV, 64, DV).is_err());
-    assert!(gdn_decode_check(HK, HV, DK, 64).is_err());
-    assert!(gdn_decode_check(HK, HV, DK, 256).is_err());
-    assert!(gdn_decode_check(0, HV, DK, DV).is_err());
-    assert!(gdn_decode_check(HK, 0, DK, DV).is_err());
-    assert!(gdn_decode_check(12, HV, DK, DV).is_err());
+    assert!(gdn_decode_check(HK, HV, DK, DV, CONV).is_ok());
+    assert!(gdn_decode_check(HV, HV, DK, DV, CONV).is_ok());
+    assert!(gdn_decode_check(HK, HV, 64, DV, CONV).is_err());
+    assert!(gdn_decode_check(HK, HV, DK, 64, CONV).is_err());
+    assert!(gdn_decode_check(HK, HV, DK, 256, CONV).is_err());
+    assert!(gdn_decode_check(HK, HV, DK, DV, 3).is_err());
+    assert!(gdn_decode_check(0, HV, DK, DV, CONV).is_err());
+    assert!(gdn_decode_check(HK, 0, DK, DV, CONV).is_err());
+    assert!(gdn_decode_check(12, HV, DK, DV, CONV).is_err());
+    // a key head read by 4 v heads would span two clusters
+    assert!(gdn_decode_check(8, HV, DK, DV, CONV).is_err());
+    // an odd head count leaves a cluster half empty
+    assert!(gdn_decode_check(3, 3, DK, DV, CONV).is_err());
 }
