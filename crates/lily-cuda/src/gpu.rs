@@ -79,10 +79,9 @@ pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     pub blas: cublas_sys::cublasHandle_t,
-    funcs: HashMap<String, CudaFunction>,
-    /// kernels launched with programmatic stream serialization (their body
-    /// waits on `pdl_wait()`); empty when PDL is off
-    pdl: std::collections::HashSet<String>,
+    /// each kernel, and whether it is launched with programmatic stream
+    /// serialization (its body waits on `pdl_wait()`; never when PDL is off)
+    funcs: HashMap<String, (CudaFunction, bool)>,
     /// set by the ablation profile: launches are dropped while it holds
     skip: std::sync::atomic::AtomicBool,
     pub name: String,
@@ -117,23 +116,17 @@ impl Gpu {
         unsafe { cudarc::cublas::result::set_stream(blas, stream.cu_stream() as _) }
             .map_err(|e| anyhow!("cuBLAS: {e:?}"))?;
         let mut funcs = HashMap::new();
-        let mut pdl = std::collections::HashSet::new();
         // LILY_PDL=0 launches every kernel plainly (to measure what PDL saves)
         let pdl_on = std::env::var("LILY_PDL").map(|v| v != "0").unwrap_or(true);
-        if pdl_on {
-            for (_, src) in KERNEL_FILES {
-                pdl.extend(pdl_kernels(&src.replace("#include \"common.cuh\"", COMMON)));
-            }
-        }
-        for (file, ptx, names) in compile_kernels()? {
-            let module = ctx
-                .load_module(ptx)
-                .map_err(|e| anyhow!("loading kernels/{file}.cu: {e:?}"))?;
-            for name in names {
+        for c in compile_kernels()? {
+            let module = c
+                .load(&ctx)
+                .map_err(|e| anyhow!("loading kernels/{}.cu: {e:?}", c.file))?;
+            for (name, waits) in c.kernels {
                 let f = module
                     .load_function(&name)
                     .map_err(|e| anyhow!("kernel {name}: {e:?}"))?;
-                funcs.insert(name, f);
+                funcs.insert(name, (f, waits && pdl_on));
             }
         }
         Ok(Gpu {
@@ -141,7 +134,6 @@ impl Gpu {
             stream,
             blas,
             funcs,
-            pdl,
             skip: Default::default(),
             name,
         })
@@ -229,7 +221,7 @@ impl Gpu {
         smem: u32,
         args: &[Arg],
     ) -> Result<()> {
-        let f = self
+        let (f, pdl) = self
             .funcs
             .get(name)
             .with_context(|| format!("no kernel named {name}"))?;
@@ -253,7 +245,7 @@ impl Gpu {
             .map(|v| v.as_mut_ptr() as *mut c_void)
             .collect();
         self.ctx.bind_to_thread()?;
-        if self.pdl.contains(name) {
+        if *pdl {
             return self.launch_pdl(name, f, grid, block, smem, &mut params);
         }
         // SAFETY: params point at values that live until this call returns; the
@@ -368,10 +360,25 @@ impl Gpu {
     }
 }
 
-/// Compile every kernel file with NVRTC for sm_90a: (file, PTX, kernel names).
-/// Needs only libnvrtc, so CI (no GPU, NVRTC from NVIDIA's PyPI wheel) compiles
-/// exactly what the GPU will.
-pub fn compile_kernels() -> Result<Vec<(&'static str, cudarc::nvrtc::Ptx, Vec<String>)>> {
+/// One kernel file compiled by NVRTC.
+pub struct CompiledFile {
+    pub file: &'static str,
+    pub ptx: cudarc::nvrtc::Ptx,
+    /// its kernels, each with whether it takes part in programmatic dependent
+    /// launch (`pdl_kernels`)
+    pub kernels: Vec<(String, bool)>,
+}
+
+impl CompiledFile {
+    fn load(&self, ctx: &Arc<CudaContext>) -> Result<Arc<cudarc::driver::CudaModule>> {
+        ctx.load_module(self.ptx.clone())
+            .map_err(|e| anyhow!("{e:?}"))
+    }
+}
+
+/// Compile every kernel file with NVRTC for sm_90a. Needs only libnvrtc, so CI
+/// (no GPU, NVRTC from NVIDIA's PyPI wheel) compiles exactly what the GPU will.
+pub fn compile_kernels() -> Result<Vec<CompiledFile>> {
     // SAFETY: probes whether libnvrtc can be opened.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         bail!("NVRTC (libnvrtc.so) was not found");
@@ -394,7 +401,15 @@ pub fn compile_kernels() -> Result<Vec<(&'static str, cudarc::nvrtc::Ptx, Vec<St
             }
             other => anyhow!("NVRTC could not compile kernels/{file}.cu: {other:?}"),
         })?;
-        out.push((*file, ptx, kernel_names(&source)));
+        let waits = pdl_kernels(&source);
+        let kernels = kernel_names(&source)
+            .into_iter()
+            .map(|n| {
+                let w = waits.contains(&n);
+                (n, w)
+            })
+            .collect();
+        out.push(CompiledFile { file, ptx, kernels });
     }
     Ok(out)
 }

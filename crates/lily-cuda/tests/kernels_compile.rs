@@ -11,7 +11,7 @@ fn all_kernels_compile_with_nvrtc() {
     }
     let compiled = lily_cuda::gpu::compile_kernels().unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(compiled.len(), lily_cuda::gpu::KERNEL_FILES.len());
-    let names: usize = compiled.iter().map(|c| c.2.len()).sum();
+    let names: usize = compiled.iter().map(|c| c.kernels.len()).sum();
     eprintln!(
         "compiled {} kernel files ({names} kernels) with NVRTC",
         compiled.len()

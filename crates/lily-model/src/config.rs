@@ -288,7 +288,10 @@ impl Config {
                 self.layer_kinds.len()
             ));
         }
-        if self.num_key_value_heads > 0 && self.num_attention_heads % self.num_key_value_heads != 0
+        if self.num_key_value_heads > 0
+            && !self
+                .num_attention_heads
+                .is_multiple_of(self.num_key_value_heads)
         {
             e.push(format!(
                 "num_attention_heads ({}) is not a multiple of num_key_value_heads ({})",
@@ -296,7 +299,9 @@ impl Config {
             ));
         }
         if self.linear_num_key_heads > 0
-            && self.linear_num_value_heads % self.linear_num_key_heads != 0
+            && !self
+                .linear_num_value_heads
+                .is_multiple_of(self.linear_num_key_heads)
         {
             e.push(format!(
                 "linear_num_value_heads ({}) is not a multiple of linear_num_key_heads ({})",
@@ -309,7 +314,7 @@ impl Config {
                 self.num_experts_per_tok, self.num_experts
             ));
         }
-        if self.rotary_dim % 2 != 0 || self.rotary_dim > self.head_dim {
+        if !self.rotary_dim.is_multiple_of(2) || self.rotary_dim > self.head_dim {
             e.push(format!(
                 "rotary dims ({} = head_dim x partial_rotary_factor) must be even and at most head_dim ({})",
                 self.rotary_dim, self.head_dim
