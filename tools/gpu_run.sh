@@ -47,7 +47,7 @@ f=r.get('hf_bf16_vs_hf_f32'); g=r.get('lily_vs_hf_f32')
 extra=f\" | floor hf-bf16 vs hf-f32: rel_l2 {f['rel_l2']:.3e} top1 {f['top1']:.3f}; lily vs hf-f32: rel_l2 {g['rel_l2']:.3e} top1 {g['top1']:.3f}\" if f else ''
 f=r.get('hf_eager_vs_hf_sdpa'); g=r.get('lily_vs_hf_sdpa')
 extra+=f\" | hf-eager vs hf-sdpa: rel_l2 {f['rel_l2']:.3e} top1 {f['top1']:.3f}; lily vs hf-sdpa: rel_l2 {g['rel_l2']:.3e} top1 {g['top1']:.3f}\" if f else ''
-print(f\"e2e $name T=$n: all rel_l2 {r['all']['rel_l2']:.3e} top1 {r['all']['top1']:.3f} (lily bf16 {r['all']['top1_lily_bf16']:.3f}, hf ties {r['all']['ref_tied_rows']}) | prefill rel_l2 {r['prefill']['rel_l2']:.3e} top1 {r['prefill']['top1']:.3f} | decode rel_l2 {d.get('rel_l2',0):.3e} top1 {d.get('top1',0):.3f} | lily $((t1 - t0))s{extra}\")")"
+print(f\"e2e $name T=$n: all rel_l2 {r['all']['rel_l2']:.3e} top1 {r['all']['top1']:.3f} tie-aware {r['all']['top1_tie_aware']:.3f} (lily bf16 {r['all']['top1_lily_bf16']:.3f}, hf ties {r['all']['ref_tied_rows']}) | prefill rel_l2 {r['prefill']['rel_l2']:.3e} top1 {r['prefill']['top1']:.3f} | decode rel_l2 {d.get('rel_l2',0):.3e} top1 {d.get('top1',0):.3f} | lily $((t1 - t0))s{extra}\")")"
   else
     note "e2e $name: hf_compare FAILED (see e2e-$name.log)"
   fi

@@ -142,13 +142,31 @@ __device__ __forceinline__ bf16* decode_xs() {
 
 // Copy n bf16 (n % 8 == 0, n <= XS_MAX) from global memory (through L2) into
 // decode_xs(); every thread of the block calls it (it ends with a barrier).
-__device__ __forceinline__ const bf16* stage_xs(const bf16* __restrict__ x, int n) {
+// The first P passes of blockDim * 8 elements have all their loads issued
+// before the first store (a load-store loop costs one L2 round trip per pass:
+// three for the MoE down product's 4,608 elements at 256 threads); P is a
+// template constant so a caller pays registers only for the passes it needs.
+template <int P>
+__device__ __forceinline__ const bf16* stage_xs_p(const bf16* __restrict__ x, int n) {
     bf16* xs = decode_xs();
-    for (int i = threadIdx.x * 8; i < n; i += blockDim.x * 8)
+    uint4 r[P];
+#pragma unroll
+    for (int c = 0; c < P; c++) {
+        const int i = (threadIdx.x + c * blockDim.x) * 8;
+        if (i < n) r[c] = __ldcg(reinterpret_cast<const uint4*>(x + i));
+    }
+#pragma unroll
+    for (int c = 0; c < P; c++) {
+        const int i = (threadIdx.x + c * blockDim.x) * 8;
+        if (i < n) *reinterpret_cast<uint4*>(xs + i) = r[c];
+    }
+    for (int i = (threadIdx.x + P * blockDim.x) * 8; i < n; i += blockDim.x * 8)
         *reinterpret_cast<uint4*>(xs + i) = __ldcg(reinterpret_cast<const uint4*>(x + i));
     __syncthreads();
     return xs;
 }
+
+__device__ __forceinline__ const bf16* stage_xs(const bf16* __restrict__ x, int n) { return stage_xs_p<1>(x, n); }
 
 // The input of a decode product: a bf16 vector x, or the RMSNorm of the f32
 // residual stream xf, bf16(xf * rsqrt(mean(xf^2) + eps) * w1p) (w1p non-null),
@@ -197,7 +215,7 @@ __device__ __forceinline__ void norm_weights_pre(DecodeIn in, float (&w)[PER]) {
 
 template <int PER>
 __device__ __forceinline__ const bf16* stage_input_pre(DecodeIn in, const float (&w)[PER]) {
-    if (!in.w1p) return stage_xs(in.x, 256 * PER);
+    if (!in.w1p) return stage_xs_p<(PER + 7) / 8>(in.x, 256 * PER);
     bf16* xs = decode_xs();
     float v[PER];
 #pragma unroll

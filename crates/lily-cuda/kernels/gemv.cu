@@ -4,7 +4,9 @@
 // before the PDL wait: the weights stream while the previous kernel finishes.
 #include "common.cuh"
 
-extern "C" __global__ void gemv_kernel(const bf16* __restrict__ W, const bf16* __restrict__ x,
+// (At most 80 registers, three blocks an SM: the lm_head is 31,040 blocks,
+// and its 2-pass staging path for K = 4096 would otherwise cost a block.)
+extern "C" __global__ void __launch_bounds__(256, 3) gemv_kernel(const bf16* __restrict__ W, const bf16* __restrict__ x,
                                        float* __restrict__ y, int N, int K) {
     int lane = threadIdx.x & 31;
     long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);

@@ -332,7 +332,7 @@ extern "C" __global__ void moe_down_norm_kernel(const bf16* __restrict__ h, cons
         }
         pdl_wait();
         pdl_trigger();
-        const bf16* hs = stage_xs(h, 9 * 512);
+        const bf16* hs = stage_xs_p<3>(h, 9 * 512);
         if (ok) {
             float total = 0.f;
 #pragma unroll
