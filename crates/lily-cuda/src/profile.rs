@@ -216,7 +216,7 @@ pub fn time_graph(
         graph
             .launch()
             .map_err(|e| anyhow!("launching a profile graph: {e:?}"))?;
-        let mut v = vec![run()?, run()?, run()?];
+        let mut v = [run()?, run()?, run()?];
         v.sort_by(f64::total_cmp);
         Ok(v[1])
     })();

@@ -212,8 +212,8 @@ pub fn upload(
         );
     }
     if cfg.head_dim > 256
-        || cfg.head_dim % 32 != 0
-        || cfg.linear_value_head_dim % 32 != 0
+        || !cfg.head_dim.is_multiple_of(32)
+        || !cfg.linear_value_head_dim.is_multiple_of(32)
         || cfg.linear_conv_kernel_dim > 8
     {
         bail!(

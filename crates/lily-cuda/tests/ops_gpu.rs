@@ -514,12 +514,11 @@ fn moe_experts() {
     let route = lily_cpu::ops::moe::route(&logits[..e], k, DType::F32);
     let sg = 1.0 / (1.0 + (-logits[e]).exp());
     let mut want1 = vec![0f32; d];
-    for slot in 0..=k {
-        let (ex, wt) = if slot < k {
-            (Some(route[slot].0), route[slot].1)
-        } else {
-            (None, sg)
-        };
+    let slots = route
+        .iter()
+        .map(|&(ex, wt)| (Some(ex), wt))
+        .chain([(None, sg)]);
+    for (ex, wt) in slots {
         let y = lily_cpu::ops::moe::ffn_seq(&x[..d], 1, &ffn_of(ex), DType::F32);
         for i in 0..d {
             want1[i] += wt * y[i];

@@ -1,0 +1,567 @@
+//! The CUDA forward pass: the same layer sequence as the CPU reference, as an
+//! explicit list of kernel launches into buffers allocated once. Prefill runs
+//! chunks of up to `prefill_chunk` tokens through cuBLAS GEMMs; decode (one
+//! token) uses Lily's matrix-vector kernels. Positions and token ids live in
+//! device memory, and a decode step allocates nothing and never waits on the
+//! host, so it can be captured in a CUDA graph.
+
+mod bytes;
+mod layers;
+mod moe_prefill;
+mod profile;
+
+use anyhow::{bail, Context, Result};
+use lily_model::{Config, LayerKind, Weights};
+
+use self::bytes::gib;
+use crate::gpu::{Arg, DevBuf, Gpu};
+use crate::sampling::{sample_into, GpuSampleParams};
+use crate::weights::{upload, weight_bytes, DevWeights};
+
+#[derive(Clone, Debug)]
+pub struct CudaOptions {
+    /// KV cache length (tokens) preallocated per sequence
+    pub max_seq: usize,
+    /// Most tokens one prefill launch sequence handles; longer prompts go in pieces
+    pub prefill_chunk: usize,
+    /// Replay each sequence's decode step from a captured CUDA graph (one
+    /// launch instead of ~400); off only to measure what the graph saves
+    /// (`LILY_CUDA_GRAPH=0`)
+    pub graphs: bool,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        CudaOptions {
+            max_seq: 32_768,
+            prefill_chunk: 4096,
+            graphs: std::env::var("LILY_CUDA_GRAPH")
+                .map(|v| v != "0")
+                .unwrap_or(true),
+        }
+    }
+}
+
+/// Per-sequence device state: KV caches of the attention layers, conv and
+/// recurrent states of the GDN layers.
+pub struct CudaState {
+    pub pos: usize,
+    /// per layer: (k cache, v cache) [max_seq, Hkv, Dh] bf16, or (conv [C, W-1] f32, S [Hv, Dk, Dv] f32)
+    layers: Vec<(DevBuf, DevBuf)>,
+    /// The decode step (layers + lm_head into the logits buffer) captured on
+    /// this state's buffers at its first decode, replayed after.
+    graph: Option<StepGraph>,
+}
+
+/// A captured decode step. The graph refers to this state's buffers and the
+/// model's scratch; it is only launched from the thread that owns the state.
+struct StepGraph(cudarc::driver::CudaGraph);
+// SAFETY: a CUgraphExec may be launched from any thread as long as calls on it
+// are serialised, which `&mut CudaState` guarantees.
+unsafe impl Send for StepGraph {}
+
+/// Activation buffers for up to `prefill_chunk` tokens.
+struct Scratch {
+    ids: DevBuf,     // [T] i32
+    pos: DevBuf,     // [1] i32
+    x: DevBuf,       // [T, D] f32 residual
+    h: DevBuf,       // [T, max(D, Hq*Dh, Hv*Dv)] bf16: GEMM inputs
+    big: DevBuf,     // [T, max(q rows, C)] f32: q_proj / in_proj_qkv output
+    z: DevBuf,       // [T, Hv*Dv] f32
+    k: DevBuf,       // [T, Hkv*Dh] f32
+    v: DevBuf,       // [T, Hkv*Dh] f32
+    ba: DevBuf,      // [T, 2 Hv] f32
+    conv: DevBuf,    // [T, C] f32
+    q: DevBuf,       // [T, max(Hq*Dh, Hv*Dv)] f32: roped q, or GDN core output
+    delta: DevBuf,   // [T, D] f32 mixer output
+    rl: DevBuf,      // [T, E+1] f32 router logits
+    idx: DevBuf,     // [T, K] i32
+    wts: DevBuf,     // [T, K+1] f32
+    moe_h: DevBuf,   // [K+1, max(F, Fs)] bf16 (decode; prefill runs grouped)
+    logits: DevBuf,  // [V] f32
+    next: DevBuf,    // [1] i32 sampled token
+    counter: DevBuf, // [1] u32 blocks done, for kernels whose last block finishes the job
+    gdn: DevBuf,     // per-chunk records of the chunked GDN prefill
+    att: DevBuf,     // split-K partials of the decode attention
+    grouped: Grouped,
+}
+
+/// Prefill MoE as grouped GEMMs: the chunk's (token, slot) pairs sorted by expert.
+struct Grouped {
+    counts: DevBuf,  // [E] i32 pairs per expert
+    offsets: DevBuf, // [E] i32 first row of each expert's block
+    rowmap: DevBuf,  // [T*K] i32 row of each pair
+    src: DevBuf,     // [T*K] i32 token of each row
+    xs: DevBuf,      // [T*K, D] bf16 gathered inputs
+    ys: DevBuf,      // [T*K, max(2F, D)] f32 gate|up products, then down products
+    hs: DevBuf,      // [T*K, F] bf16 silu(gate) * up
+    ysh: DevBuf,     // [T, 2Fs] f32 shared expert gate|up
+    hsh: DevBuf,     // [T, Fs] bf16
+    osh: DevBuf,     // [T, D] f32 shared expert output
+}
+
+/// Bytes of the grouped-GEMM MoE buffers for chunks of `t` tokens.
+fn grouped_bytes(cfg: &Config, t: usize) -> usize {
+    let (d, e, k, f, fs) = (
+        cfg.hidden_size,
+        cfg.num_experts,
+        cfg.num_experts_per_tok,
+        cfg.moe_intermediate_size,
+        cfg.shared_expert_intermediate_size,
+    );
+    let pairs = t * k;
+    2 * e * 4
+        + 2 * pairs * 4
+        + pairs * d * 2
+        + pairs * (2 * f).max(d) * 4
+        + pairs * f * 2
+        + t * 2 * fs * 4
+        + t * fs * 2
+        + t * d * 4
+}
+
+pub struct CudaModel {
+    pub gpu: Gpu,
+    pub cfg: Config,
+    pub opts: CudaOptions,
+    w: DevWeights,
+    s: Scratch,
+    prof: crate::profile::Recorder,
+    prof_pos: std::sync::atomic::AtomicUsize,
+    ablate: std::sync::Mutex<Option<crate::profile::Ablation>>,
+    /// key-range splits of the decode attention (fixed by max_seq, so the graph holds)
+    att_splits: usize,
+}
+
+/// Device memory a model needs, in bytes: (weights, per-sequence state, activations).
+pub fn memory_estimate(cfg: &Config, opts: &CudaOptions) -> (usize, usize, usize) {
+    let t = opts.prefill_chunk;
+    let (d, hq, hkv, dh) = (
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+    );
+    let (c, hv, dk, dv, w) = (
+        cfg.conv_dim(),
+        cfg.linear_num_value_heads,
+        cfg.linear_key_head_dim,
+        cfg.linear_value_head_dim,
+        cfg.linear_conv_kernel_dim,
+    );
+    let mut state = 0;
+    for k in &cfg.layer_kinds {
+        state += match k {
+            LayerKind::Attention => 2 * opts.max_seq * hkv * dh * 2,
+            LayerKind::Gdn => c * (w - 1) * 4 + hv * dk * dv * 4,
+        };
+    }
+    let (e, kk) = (cfg.num_experts, cfg.num_experts_per_tok);
+    let fmax = cfg
+        .moe_intermediate_size
+        .max(cfg.shared_expert_intermediate_size);
+    let wide = d.max(hq * dh).max(hv * dv);
+    let act = t * 4
+        + t * d * 4 * 2
+        + t * wide * 2
+        + t * cfg.q_proj_rows().max(c) * 4
+        + t * hv * dv * 4
+        + 2 * t * hkv * dh * 4
+        + t * 2 * hv * 4
+        + t * c * 4
+        + t * wide * 4
+        + t * (e + 1) * 4
+        + t * kk * 4
+        + t * (kk + 1) * 4
+        + (kk + 1) * fmax * 2
+        + cfg.vocab_size * 4
+        + crate::gdn::gdn_chunked_scratch_bytes(t, hv, dv)
+        + crate::attention::attention_decode_scratch_bytes(
+            hq,
+            dh,
+            crate::attention::attention_decode_splits(opts.max_seq),
+        )
+        + grouped_bytes(cfg, t);
+    (weight_bytes(cfg), state, act)
+}
+
+impl CudaModel {
+    pub fn load(
+        gpu: Gpu,
+        cfg: Config,
+        w: &Weights,
+        opts: CudaOptions,
+        verbose: bool,
+    ) -> Result<CudaModel> {
+        if opts.max_seq == 0 || opts.max_seq > 262_144 {
+            bail!("--max-seq must be in 1..=262144, got {}", opts.max_seq);
+        }
+        let (wb, sb, ab) = memory_estimate(&cfg, &opts);
+        let (free, total) = gpu.free_memory()?;
+        if verbose {
+            eprintln!(
+                "lily: {} | weights {:.1} GiB + state {:.2} GiB (max-seq {}) + activations {:.2} GiB; {:.1} of {:.1} GiB free",
+                gpu.name,
+                gib(wb),
+                gib(sb),
+                opts.max_seq,
+                gib(ab),
+                gib(free),
+                gib(total)
+            );
+        }
+        // keep 512 MiB for cuBLAS workspaces and the driver
+        if wb + sb + ab + (512 << 20) > free {
+            bail!(
+                "not enough GPU memory: the model needs {:.1} GiB (weights {:.1} + state {:.2} for --max-seq {} + activations {:.2}) but {:.1} GiB are free on {}; lower --max-seq or free the GPU",
+                gib(wb + sb + ab),
+                gib(wb),
+                gib(sb),
+                opts.max_seq,
+                gib(ab),
+                gib(free),
+                gpu.name
+            );
+        }
+        let t0 = std::time::Instant::now();
+        let progress = |i: usize, n: usize| {
+            if verbose && (i == n || i.is_multiple_of(10)) {
+                eprintln!(
+                    "lily: uploaded layer {i}/{n} ({:.1}s)",
+                    t0.elapsed().as_secs_f64()
+                );
+            }
+        };
+        let dw = upload(&gpu, &cfg, w, &progress)?;
+        let s = Self::scratch(&gpu, &cfg, &opts)?;
+        let att_splits = crate::attention::attention_decode_splits(opts.max_seq);
+        Ok(CudaModel {
+            gpu,
+            cfg,
+            opts,
+            w: dw,
+            s,
+            prof: crate::profile::Recorder::new(),
+            prof_pos: std::sync::atomic::AtomicUsize::new(0),
+            ablate: std::sync::Mutex::new(None),
+            att_splits,
+        })
+    }
+
+    fn scratch(gpu: &Gpu, cfg: &Config, o: &CudaOptions) -> Result<Scratch> {
+        let t = o.prefill_chunk;
+        let (d, hq, hkv, dh) = (
+            cfg.hidden_size,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
+        let (c, hv, dv) = (
+            cfg.conv_dim(),
+            cfg.linear_num_value_heads,
+            cfg.linear_value_head_dim,
+        );
+        let (e, k) = (cfg.num_experts, cfg.num_experts_per_tok);
+        let fmax = cfg
+            .moe_intermediate_size
+            .max(cfg.shared_expert_intermediate_size);
+        let wide = d.max(hq * dh).max(hv * dv);
+        Ok(Scratch {
+            ids: gpu.alloc(t * 4)?,
+            pos: gpu.alloc(4)?,
+            x: gpu.alloc(t * d * 4)?,
+            h: gpu.alloc(t * wide * 2)?,
+            big: gpu.alloc(t * cfg.q_proj_rows().max(c) * 4)?,
+            z: gpu.alloc(t * hv * dv * 4)?,
+            k: gpu.alloc(t * hkv * dh * 4)?,
+            v: gpu.alloc(t * hkv * dh * 4)?,
+            ba: gpu.alloc(t * 2 * hv * 4)?,
+            conv: gpu.alloc(t * c * 4)?,
+            q: gpu.alloc(t * wide * 4)?,
+            delta: gpu.alloc(t * d * 4)?,
+            rl: gpu.alloc(t * (e + 1) * 4)?,
+            idx: gpu.alloc(t * k * 4)?,
+            wts: gpu.alloc(t * (k + 1) * 4)?,
+            moe_h: gpu.alloc((k + 1) * fmax * 2)?,
+            logits: gpu.alloc(cfg.vocab_size * 4)?,
+            next: gpu.alloc(4)?,
+            counter: {
+                let c = gpu.alloc(4)?;
+                gpu.zero(c.ptr, 4)?;
+                c
+            },
+            gdn: gpu.alloc(crate::gdn::gdn_chunked_scratch_bytes(t, hv, dv))?,
+            att: gpu.alloc(crate::attention::attention_decode_scratch_bytes(
+                hq,
+                dh,
+                crate::attention::attention_decode_splits(o.max_seq),
+            ))?,
+            grouped: {
+                let (f, fs) = (
+                    cfg.moe_intermediate_size,
+                    cfg.shared_expert_intermediate_size,
+                );
+                let pairs = t * k;
+                Grouped {
+                    counts: gpu.alloc(e * 4)?,
+                    offsets: gpu.alloc(e * 4)?,
+                    rowmap: gpu.alloc(pairs * 4)?,
+                    src: gpu.alloc(pairs * 4)?,
+                    xs: gpu.alloc(pairs * d * 2)?,
+                    ys: gpu.alloc(pairs * (2 * f).max(d) * 4)?,
+                    hs: gpu.alloc(pairs * f * 2)?,
+                    ysh: gpu.alloc(t * 2 * fs * 4)?,
+                    hsh: gpu.alloc(t * fs * 2)?,
+                    osh: gpu.alloc(t * d * 4)?,
+                }
+            },
+        })
+    }
+
+    pub fn new_state(&self) -> Result<CudaState> {
+        let cfg = &self.cfg;
+        let mut layers = Vec::new();
+        for k in &cfg.layer_kinds {
+            let pair = match k {
+                LayerKind::Attention => {
+                    let n = self.opts.max_seq * cfg.num_key_value_heads * cfg.head_dim * 2;
+                    (self.gpu.alloc(n)?, self.gpu.alloc(n)?)
+                }
+                LayerKind::Gdn => {
+                    let conv = cfg.conv_dim() * (cfg.linear_conv_kernel_dim - 1) * 4;
+                    let s = cfg.linear_num_value_heads
+                        * cfg.linear_key_head_dim
+                        * cfg.linear_value_head_dim
+                        * 4;
+                    let (a, b) = (self.gpu.alloc(conv)?, self.gpu.alloc(s)?);
+                    self.gpu.zero(a.ptr, conv)?;
+                    self.gpu.zero(b.ptr, s)?;
+                    (a, b)
+                }
+            };
+            layers.push(pair);
+        }
+        Ok(CudaState {
+            pos: 0,
+            layers,
+            graph: None,
+        })
+    }
+
+    /// Move `st` forward `n` positions without running them: the K/V rows
+    /// there are zeroed, the recurrent states stay as they are. For a decode
+    /// benchmark at long context (`lily bench --fill zeros`): a decode step's
+    /// work depends on its position, not on what fills the cache, and a
+    /// 131k-token prefill costs minutes. Not a way to feed tokens.
+    pub fn advance_unfilled(&self, st: &mut CudaState, n: usize) -> Result<()> {
+        let cfg = &self.cfg;
+        if st.pos + n > self.opts.max_seq {
+            bail!(
+                "advancing to {} exceeds --max-seq {}",
+                st.pos + n,
+                self.opts.max_seq
+            );
+        }
+        let row = cfg.num_key_value_heads * cfg.head_dim * 2;
+        for (k, (a, b)) in cfg.layer_kinds.iter().zip(&st.layers) {
+            if *k == LayerKind::Attention {
+                self.gpu.zero(a.at(st.pos * row), n * row)?;
+                self.gpu.zero(b.at(st.pos * row), n * row)?;
+            }
+        }
+        st.pos += n;
+        Ok(())
+    }
+
+    pub(super) fn check(&self, st: &CudaState, tokens: &[u32]) -> Result<()> {
+        let v = self.cfg.vocab_size;
+        if let Some(bad) = tokens.iter().find(|&&x| x as usize >= v) {
+            bail!("token id {bad} is out of range: the model has {v} vocabulary rows");
+        }
+        if st.pos + tokens.len() > self.opts.max_seq {
+            bail!(
+                "sequence of {} tokens exceeds --max-seq {}",
+                st.pos + tokens.len(),
+                self.opts.max_seq
+            );
+        }
+        Ok(())
+    }
+
+    /// Feed tokens in chunks of at most `prefill_chunk`; `after(n)` runs after
+    /// each chunk of n tokens, while its residual stream is still in `s.x`.
+    fn run_chunks(
+        &self,
+        st: &mut CudaState,
+        tokens: &[u32],
+        after: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Result<()> {
+        self.check(st, tokens)?;
+        for chunk in tokens.chunks(self.opts.prefill_chunk) {
+            let n = chunk.len();
+            let ids: Vec<i32> = chunk.iter().map(|&x| x as i32).collect();
+            self.gpu.upload(self.s.ids.ptr, &ids)?;
+            self.gpu.upload(self.s.pos.ptr, &[st.pos as i32])?;
+            self.layers(st, n)?;
+            st.pos += n;
+            after(n)?;
+        }
+        Ok(())
+    }
+
+    /// Feed tokens; returns the logits of every position when `all`, else of
+    /// the last one, on the host.
+    pub fn forward(&self, st: &mut CudaState, tokens: &[u32], all: bool) -> Result<Vec<f32>> {
+        let v = self.cfg.vocab_size;
+        if tokens.len() == 1 {
+            self.check(st, tokens)?;
+            self.gpu.upload(self.s.ids.ptr, &[tokens[0] as i32])?;
+            self.decode_step(st)?;
+            return self.gpu.download::<f32>(self.s.logits.ptr, v);
+        }
+        let mut out = Vec::new();
+        let mut last = 0;
+        self.run_chunks(st, tokens, &mut |n| {
+            last = n;
+            if all {
+                let buf = self.gpu.alloc(n * v * 4)?;
+                self.head(0, n, buf.ptr)?;
+                out.extend(self.gpu.download::<f32>(buf.ptr, n * v)?);
+            }
+            Ok(())
+        })?;
+        if !all && last > 0 {
+            self.head(last - 1, 1, self.s.logits.ptr)?;
+            out = self.gpu.download::<f32>(self.s.logits.ptr, v)?;
+        }
+        Ok(out)
+    }
+
+    /// One decode step of the token already in `s.ids[0]` at position
+    /// `st.pos`: every layer and the lm_head, logits into `s.logits`. Replays
+    /// the state's captured graph (capturing it the first time).
+    fn decode_step(&self, st: &mut CudaState) -> Result<()> {
+        if st.pos + 1 > self.opts.max_seq {
+            bail!("sequence exceeds --max-seq {}", self.opts.max_seq);
+        }
+        let s = &self.s;
+        self.gpu.upload(s.pos.ptr, &[st.pos as i32])?;
+        if !self.opts.graphs {
+            self.layers(st, 1)?;
+            self.lm_head_decode()?;
+        } else {
+            if st.graph.is_none() {
+                st.graph = Some(StepGraph(self.capture_step(st)?));
+            }
+            let g = st.graph.as_ref().unwrap();
+            g.0.launch()
+                .map_err(|e| anyhow::anyhow!("launching the decode graph: {e:?}"))?;
+        }
+        st.pos += 1;
+        Ok(())
+    }
+
+    pub(super) fn capture_step(&self, st: &mut CudaState) -> Result<cudarc::driver::CudaGraph> {
+        use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+        let stream = &self.gpu.stream;
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| anyhow::anyhow!("starting the decode graph capture: {e:?}"))?;
+        let recorded = self
+            .prof
+            .mark_start(stream)
+            .and_then(|_| self.layers(st, 1))
+            .and_then(|_| self.lm_head_decode());
+        // end the capture even when recording failed, or the stream stays capturing
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+        recorded.context("recording the decode step")?;
+        let graph = graph
+            .map_err(|e| anyhow::anyhow!("instantiating the decode graph: {e:?}"))?
+            .ok_or_else(|| anyhow::anyhow!("the decode graph capture recorded nothing"))?;
+        graph
+            .upload()
+            .map_err(|e| anyhow::anyhow!("uploading the decode graph: {e:?}"))?;
+        Ok(graph)
+    }
+
+    /// One greedy decode step fully on the device: feed the token in `s.next`
+    /// (the previous step's choice), write the argmax to `s.next`, and copy
+    /// only that id to the host.
+    pub fn decode_greedy(&self, st: &mut CudaState) -> Result<u32> {
+        let s = &self.s;
+        // the token to feed is the one the last step chose
+        self.gpu.launch(
+            "copy_i32_kernel",
+            (1, 1, 1),
+            (32, 1, 1),
+            0,
+            &[Arg::Ptr(s.next.ptr), Arg::Ptr(s.ids.ptr)],
+        )?;
+        self.decode_step(st)?;
+        self.sample_logits(self.cfg.vocab_size, &GpuSampleParams::greedy(), 0.0)
+    }
+
+    /// Prefill, then the greedy choice for the next token (left in `s.next`).
+    pub fn prefill_greedy(&self, st: &mut CudaState, tokens: &[u32]) -> Result<u32> {
+        self.prefill_sample(
+            st,
+            tokens,
+            self.cfg.vocab_size,
+            &GpuSampleParams::greedy(),
+            0.0,
+        )
+    }
+
+    /// Prefill, then choose the next token on the device among the first
+    /// `valid` ids (`u` uniform in [0, 1) drives a sampled choice).
+    pub fn prefill_sample(
+        &self,
+        st: &mut CudaState,
+        tokens: &[u32],
+        valid: usize,
+        p: &GpuSampleParams,
+        u: f32,
+    ) -> Result<u32> {
+        let mut last = 0;
+        self.run_chunks(st, tokens, &mut |n| {
+            last = n;
+            Ok(())
+        })?;
+        self.pick_row(last.max(1) - 1, valid, p, u)
+    }
+
+    /// Feed `token`, then choose the next one on the device; only its id
+    /// comes back to the host.
+    pub fn decode_sample(
+        &self,
+        st: &mut CudaState,
+        token: u32,
+        valid: usize,
+        p: &GpuSampleParams,
+        u: f32,
+    ) -> Result<u32> {
+        self.check(st, &[token])?;
+        self.gpu.upload(self.s.ids.ptr, &[token as i32])?;
+        self.decode_step(st)?;
+        self.sample_logits(valid, p, u)
+    }
+
+    fn pick_row(&self, row: usize, valid: usize, p: &GpuSampleParams, u: f32) -> Result<u32> {
+        self.head(row, 1, self.s.logits.ptr)?;
+        self.sample_logits(valid, p, u)
+    }
+
+    /// Choose a token from `s.logits` on the device; only its id comes back.
+    fn sample_logits(&self, valid: usize, p: &GpuSampleParams, u: f32) -> Result<u32> {
+        let s = &self.s;
+        sample_into(
+            &self.gpu,
+            s.logits.ptr,
+            valid.min(self.cfg.vocab_size),
+            p,
+            u,
+            s.next.ptr,
+        )?;
+        Ok(self.gpu.download::<i32>(s.next.ptr, 1)?[0] as u32)
+    }
+}
