@@ -118,11 +118,11 @@ impl Gpu {
         let mut funcs = HashMap::new();
         // LILY_PDL=0 launches every kernel plainly (to measure what PDL saves)
         let pdl_on = std::env::var("LILY_PDL").map(|v| v != "0").unwrap_or(true);
-        for c in compile_kernels()? {
-            let module = c
-                .load(&ctx)
-                .map_err(|e| anyhow!("loading kernels/{}.cu: {e:?}", c.file))?;
-            for (name, waits) in c.kernels {
+        for CompiledFile { file, ptx, kernels } in compile_kernels()? {
+            let module = ctx
+                .load_module(ptx)
+                .map_err(|e| anyhow!("loading kernels/{file}.cu: {e:?}"))?;
+            for (name, waits) in kernels {
                 let f = module
                     .load_function(&name)
                     .map_err(|e| anyhow!("kernel {name}: {e:?}"))?;
@@ -367,13 +367,6 @@ pub struct CompiledFile {
     /// its kernels, each with whether it takes part in programmatic dependent
     /// launch (`pdl_kernels`)
     pub kernels: Vec<(String, bool)>,
-}
-
-impl CompiledFile {
-    fn load(&self, ctx: &Arc<CudaContext>) -> Result<Arc<cudarc::driver::CudaModule>> {
-        ctx.load_module(self.ptx.clone())
-            .map_err(|e| anyhow!("{e:?}"))
-    }
 }
 
 /// Compile every kernel file with NVRTC for sm_90a. Needs only libnvrtc, so CI

@@ -376,26 +376,31 @@ fn moe_experts() {
         g.upload_new(&resid).unwrap(),
         g.alloc(t * (k + 1) * f.max(fs) * 2).unwrap(),
     );
-    g.launch(
-        "moe_gate_up_kernel",
-        (f.max(fs).div_ceil(8) as u32, (k + 1) as u32, t as u32),
-        (256, 1, 1),
-        0,
-        &[
-            Arg::Ptr(xb.ptr),
-            Arg::Ptr(gu.ptr),
-            Arg::Ptr(sgu.ptr),
-            Arg::Ptr(ib.ptr),
-            Arg::Ptr(hb.ptr),
-            Arg::I32(d as i32),
-            Arg::I32(f as i32),
-            Arg::I32(fs as i32),
-            Arg::I32(k as i32),
-            Arg::Ptr(0), // routing from idx
-            Arg::I32(e as i32),
-        ],
-    )
-    .unwrap();
+    // gate/up for `tokens` rows of x, routed by idx, or (one token) by the
+    // router's logits when `logits` is non-zero
+    let gate_up = |tokens: usize, idx: u64, logits: u64| {
+        g.launch(
+            "moe_gate_up_kernel",
+            (f.max(fs).div_ceil(8) as u32, (k + 1) as u32, tokens as u32),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(xb.ptr),
+                Arg::Ptr(gu.ptr),
+                Arg::Ptr(sgu.ptr),
+                Arg::Ptr(idx),
+                Arg::Ptr(hb.ptr),
+                Arg::I32(d as i32),
+                Arg::I32(f as i32),
+                Arg::I32(fs as i32),
+                Arg::I32(k as i32),
+                Arg::Ptr(logits),
+                Arg::I32(e as i32),
+            ],
+        )
+        .unwrap()
+    };
+    gate_up(t, ib.ptr, 0);
     g.launch(
         "moe_down_kernel",
         (d.div_ceil(8) as u32, t as u32, 1),
@@ -467,26 +472,7 @@ fn moe_experts() {
         g.alloc(4).unwrap(),
     );
     g.zero(counter.ptr, 4).unwrap();
-    g.launch(
-        "moe_gate_up_kernel",
-        (f.max(fs).div_ceil(8) as u32, (k + 1) as u32, 1),
-        (256, 1, 1),
-        0,
-        &[
-            Arg::Ptr(xb.ptr),
-            Arg::Ptr(gu.ptr),
-            Arg::Ptr(sgu.ptr),
-            Arg::Ptr(0), // no idx: routing from the logits
-            Arg::Ptr(hb.ptr),
-            Arg::I32(d as i32),
-            Arg::I32(f as i32),
-            Arg::I32(fs as i32),
-            Arg::I32(k as i32),
-            Arg::Ptr(lb.ptr),
-            Arg::I32(e as i32),
-        ],
-    )
-    .unwrap();
+    gate_up(1, 0, lb.ptr); // no idx: routing from the logits
     g.launch(
         "moe_down_norm_kernel",
         (d.div_ceil(8) as u32, 1, 1),
