@@ -153,6 +153,12 @@ iter)
   timeout 120 "$lily" bench --device cuda --synthetic full --prompt-len 64 --context 4096 --gen 32 --runs 1 --profile \
     > "$out/bench-profile.txt" 2> "$out/bench-profile.log" && note "$(tail -16 "$out/bench-profile.txt")" || note "profile FAILED: $(tail -3 "$out/bench-profile.log")"
   ;;
+quick)
+  # decode speed only (a second build carried alongside: LILY_CARRY=.carry/alt)
+  timeout 200 "$lily" bench --device cuda --synthetic full --prompt-len 64 --context 4096,32768 --gen 128 --runs 3 \
+    > "$out/bench-quick-$(basename "$carry").txt" 2> "$out/bench-quick.log" \
+    && note "$carry: $(tail -3 "$out/bench-quick-$(basename "$carry").txt")" || note "bench quick FAILED: $(tail -3 "$out/bench-quick.log")"
+  ;;
 side)
   # Lily and transformers on the same random weights, one after the other in
   # this run, then one table with the ratio (BENCHMARKS.md records it)

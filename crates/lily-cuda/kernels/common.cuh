@@ -17,6 +17,21 @@ __device__ __forceinline__ bf16 f2bf(float f) {
     return (bf16)(u >> 16);
 }
 
+// Monotone map float -> u32 (total order as Rust's f32::total_cmp for non-NaN):
+// a < b  <=>  order_key(a) < order_key(b). Every real float maps to >= 0x007fffff,
+// so 0 is "below everything".
+__device__ __forceinline__ unsigned order_key(float f) {
+    unsigned b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+// Greedy choice as one integer maximum: (order_key(logit) << 32 | ~id), so the
+// largest logit wins and, among equal ones, the lowest id; NaN maps to 0 and
+// never wins. argmax_id(0) (nothing real) is id 0.
+__device__ __forceinline__ u64 argmax_entry(float l, unsigned id) {
+    return l == l ? ((u64)order_key(l) << 32) | (u64)(0xffffffffu - id) : 0ull;
+}
+__device__ __forceinline__ int argmax_id(u64 best) { return best == 0ull ? 0 : (int)(0xffffffffu - (unsigned)best); }
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

@@ -46,9 +46,3 @@ extern "C" __global__ void procedural_rows_fill_kernel(bf16* __restrict__ out, u
         out[i] = f2bf(__fmul_rn(bf2f(f2bf(procedural_value(seed, g, mean, std_))), exp2f((float)k)));
     }
 }
-
-// dst[0] = src[0]: feeds the token a decode step chose into the next step
-// without a trip through the host.
-extern "C" __global__ void copy_i32_kernel(const int* __restrict__ src, int* __restrict__ dst) {
-    if (threadIdx.x == 0) dst[0] = src[0];
-}

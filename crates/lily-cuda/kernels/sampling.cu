@@ -43,13 +43,6 @@
 #define SMP_UNROLL 4
 #define SMP_NONE 0x7fffffff
 
-// Monotone map float -> u32 (total order as Rust's f32::total_cmp for non-NaN):
-// a < b  <=>  smp_key(a) < smp_key(b). Every real float maps to >= 0x007fffff,
-// so 0 is "below everything".
-__device__ __forceinline__ unsigned smp_key(float f) {
-    unsigned b = __float_as_uint(f);
-    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
 __device__ __forceinline__ float smp_unkey(unsigned k) {
     return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
@@ -196,7 +189,7 @@ __device__ __noinline__ void smp_count_mass(const float* __restrict__ x, int val
     u64 c = 0, m = 0;
     smp_each(x, valid, [&](int, float l) {
         if (l == l) {
-            const unsigned k = smp_key(l);
+            const unsigned k = order_key(l);
             if (k >= t) { c++; m += mass(k); }
         }
     });
@@ -297,13 +290,10 @@ __device__ __noinline__ int smp_sorted_pick(u64* buf, int c, int k, bool use_p, 
 __device__ __noinline__ int smp_argmax(const float* __restrict__ x, int valid) {
     u64 best = 0;
     smp_each(x, valid, [&](int i, float l) {
-        if (l == l) {
-            const u64 e = ((u64)smp_key(l) << 32) | (u64)(0xffffffffu - (unsigned)i);
-            best = e > best ? e : best;
-        }
+        const u64 e = argmax_entry(l, (unsigned)i);
+        best = e > best ? e : best;
     });
-    best = smp_max_u64(best);
-    return best == 0ull ? 0 : (int)(0xffffffffu - (unsigned)best);
+    return argmax_id(smp_max_u64(best));
 }
 
 // Greedy: out[0] = the lowest id holding the largest of logits[0..V), NaN
@@ -311,6 +301,23 @@ __device__ __noinline__ int smp_argmax(const float* __restrict__ x, int valid) {
 extern "C" __global__ void argmax_kernel(const float* __restrict__ logits, int V, int* __restrict__ out) {
     const int id = smp_argmax(logits, V);
     if (threadIdx.x == 0) out[0] = id;
+}
+
+// The end of a greedy decode step, after lm_head_argmax_kernel (gemv.cu) has
+// folded every logit into *best: the chosen id goes to next[0] (the token the
+// next step feeds), the position advances by one (at most to max_pos, so a
+// replayed graph never writes past the KV cache) and *best is cleared for the
+// next step. One thread; on the device, so consecutive steps need nothing from
+// the host.
+extern "C" __global__ void argmax_finish_kernel(u64* __restrict__ best, int* __restrict__ next,
+                                                int* __restrict__ pos, int max_pos) {
+    pdl_wait();
+    pdl_trigger();
+    if (threadIdx.x != 0) return;
+    next[0] = argmax_id(__ldcg(best));
+    *best = 0ull;
+    const int p = __ldcg(pos);
+    if (p < max_pos) *pos = p + 1;
 }
 
 // The draw in id order among real ids with key >= thr: the smallest id whose
@@ -336,7 +343,7 @@ __device__ __noinline__ int smp_draw_in_id_order(const float* __restrict__ x, in
 #pragma unroll
             for (int q = 0; q < 8; q++)
                 if (v[q] == v[q]) {
-                    const unsigned key = smp_key(v[q]);
+                    const unsigned key = order_key(v[q]);
                     if (key >= thr) acc += mass(key);
                 }
         }
@@ -360,7 +367,7 @@ __device__ __noinline__ int smp_draw_in_id_order(const float* __restrict__ x, in
         if (i < valid && i < (tile + 1) * ts) {
             const float l = x[i];
             if (l == l) {
-                const unsigned key = smp_key(l);
+                const unsigned key = order_key(l);
                 if (key >= thr) part += mass(key);
             }
         }
@@ -375,7 +382,7 @@ __device__ __noinline__ int smp_draw_in_id_order(const float* __restrict__ x, in
             if (i < valid && i < (tile + 1) * ts) {
                 const float l = x[i];
                 if (l == l) {
-                    const unsigned key = smp_key(l);
+                    const unsigned key = order_key(l);
                     if (key >= thr) {
                         run += mass(key);
                         if (run > r) pick = i;
@@ -399,7 +406,7 @@ __device__ __noinline__ int smp_global_pick(const float* __restrict__ x, int val
             const unsigned mid = lo + ((hi - lo) >> 1);
             u64 c = 0;
             smp_each(x, valid, [&](int, float l) {
-                if (l == l && smp_key(l) >= mid) c++;
+                if (l == l && order_key(l) >= mid) c++;
             });
             c = smp_sum(c);
             if (c >= (u64)k) {
@@ -453,7 +460,7 @@ extern "C" __global__ __launch_bounds__(SMP_THREADS) void sample_kernel(const fl
     smp_each(logits, valid, [&](int i, float l) {
         if (l == l) {
             n++;
-            const u64 e = ((u64)smp_key(l) << 32) | (u64)(0xffffffffu - (unsigned)i);
+            const u64 e = argmax_entry(l, (unsigned)i);
             if (e > e3) {
                 if (e > e1) {
                     e3 = e2;
@@ -485,7 +492,7 @@ extern "C" __global__ __launch_bounds__(SMP_THREADS) void sample_kernel(const fl
     const SmpMass mass{M, T, __uint_as_float((unsigned)(127 + S) << 23)};
     const int k = (top_k > 0 && (u64)top_k < n_ok) ? top_k : 0;
     const bool use_p = top_p < 1.f;
-    const unsigned tmin = min_p > 0.f ? smp_key(M + T * logf(min_p)) : 0u;
+    const unsigned tmin = min_p > 0.f ? order_key(M + T * logf(min_p)) : 0u;
 
     // 2. the window [W, inf)
     unsigned W = 0;
@@ -500,13 +507,13 @@ extern "C" __global__ __launch_bounds__(SMP_THREADS) void sample_kernel(const fl
             W = lo;
         }
     } else {
-        W = smp_key(M - T * ((float)S * 0.6931472f + 2.f));  // below it every mass is 0
+        W = order_key(M - T * ((float)S * 0.6931472f + 2.f));  // below it every mass is 0
         if (use_p) {
             const unsigned w0 = W;
             u64 z = 0;
             smp_each(logits, valid, [&](int, float l) {
                 if (l == l) {
-                    const unsigned key = smp_key(l);
+                    const unsigned key = order_key(l);
                     if (key >= w0) z += mass(key);
                 }
             });
@@ -555,14 +562,14 @@ extern "C" __global__ __launch_bounds__(SMP_THREADS) void sample_kernel(const fl
         __syncthreads();
         const unsigned wc = W;
         smp_each(logits, valid, [&](int i, float l) {
-            const bool q = l == l && smp_key(l) >= wc;
+            const bool q = l == l && order_key(l) >= wc;
             const unsigned b = __ballot_sync(SMP_FULL, q);
             if (b) {
                 int base = 0;
                 if (lane == 0) base = atomicAdd(&s_cnt, __popc(b));
                 base = __shfl_sync(SMP_FULL, base, 0);
                 const int slot = base + __popc(b & ((1u << lane) - 1u));
-                if (q && slot < SMP_CAP) s_buf[slot] = ((u64)smp_key(l) << 32) | (u64)(0xffffffffu - (unsigned)i);
+                if (q && slot < SMP_CAP) s_buf[slot] = ((u64)order_key(l) << 32) | (u64)(0xffffffffu - (unsigned)i);
             }
         });
         __syncthreads();

@@ -533,6 +533,8 @@ mod tests {
             "router_decode_kernel",
             "moe_gate_up_kernel",
             "moe_down_norm_kernel",
+            "lm_head_argmax_kernel",
+            "argmax_finish_kernel",
         ];
         want.sort();
         assert_eq!(all, want);

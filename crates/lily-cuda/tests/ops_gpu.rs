@@ -515,3 +515,105 @@ fn moe_experts() {
     // a wrong expert (a tie broken the other way) would give an O(1) error
     assert!(e1 < 8e-3, "moe experts, decode form: {e1}");
 }
+
+/// The decode step's fused lm_head and greedy choice (lm_head_argmax_kernel,
+/// then argmax_finish_kernel) against the host: the logits against an f64
+/// product of the same bf16 values (rel L2 1e-5: f32 sums reordered), the id
+/// exactly the host argmax of the kernel's own logits over the ids below
+/// `valid` (largest, lowest id on a tie, NaN never), the position advanced
+/// and held at `max_pos`, and the running maximum cleared for the next step.
+#[test]
+fn lm_head_argmax() {
+    let Some(g) = gpu() else { return };
+    // N not a multiple of 8: the last block is partial
+    let (n, k) = (40_003usize, 2048usize);
+    let best = g.alloc(8).unwrap();
+    g.zero(best.ptr, 8).unwrap();
+    let (next, pos, valid_buf) = (g.alloc(4).unwrap(), g.alloc(4).unwrap(), g.alloc(4).unwrap());
+    g.upload(pos.ptr, &[5i32]).unwrap();
+    // round 0: two identical strongest rows (the lower id must win), every
+    // id valid; round 1: a NaN logit, and rows past `valid` far above the rest
+    for (round, seed) in [(0usize, 101u64), (1, 102)] {
+        let mut w = random(n * k, seed, 0.0, 1.0);
+        let x = random(k, seed + 50, 0.0, 1.0);
+        let (a, b) = (5_000 + 977 * round, 20_000 + 1_311 * round);
+        let strong: Vec<f32> = w[a * k..(a + 1) * k].iter().map(|v| v * 4.0).collect();
+        let valid = if round == 0 { n } else { n - 40 };
+        // make row a (and b) the largest by aligning it with x, exactly in bf16
+        for (i, v) in strong.iter().enumerate() {
+            let s = v.abs() * x[i].signum();
+            w[a * k + i] = s;
+            w[b * k + i] = s;
+        }
+        if round == 1 {
+            w[a * k + 3] = f32::NAN; // row a is NaN now: row b must win
+            for r in valid..n {
+                for i in 0..k {
+                    w[r * k + i] = w[b * k + i] * 8.0;
+                }
+            }
+        }
+        let wb = g.upload_new(&bf16_bits(&w)).unwrap();
+        let xb = g.upload_new(&bf16_bits(&x)).unwrap();
+        let y = g.alloc(n * 4).unwrap();
+        g.upload(valid_buf.ptr, &[valid as i32]).unwrap();
+        g.launch(
+            "lm_head_argmax_kernel",
+            (n.div_ceil(8) as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(wb.ptr),
+                Arg::Ptr(xb.ptr),
+                Arg::Ptr(y.ptr),
+                Arg::I32(n as i32),
+                Arg::I32(k as i32),
+                Arg::Ptr(valid_buf.ptr),
+                Arg::Ptr(best.ptr),
+            ],
+        )
+        .unwrap();
+        g.launch(
+            "argmax_finish_kernel",
+            (1, 1, 1),
+            (32, 1, 1),
+            0,
+            &[
+                Arg::Ptr(best.ptr),
+                Arg::Ptr(next.ptr),
+                Arg::Ptr(pos.ptr),
+                Arg::I32(6),
+            ],
+        )
+        .unwrap();
+        let yl = g.download::<f32>(y.ptr, n).unwrap();
+        let want: Vec<f32> = (0..n)
+            .map(|r| {
+                (0..k)
+                    .map(|i| w[r * k + i] as f64 * x[i] as f64)
+                    .sum::<f64>() as f32
+            })
+            .collect();
+        let real: Vec<usize> = (0..n).filter(|&r| !want[r].is_nan()).collect();
+        assert_eq!(real.len(), n - round, "round {round}: NaN rows");
+        assert!(yl[a].is_nan() == (round == 1), "round {round}: row {a} {}", yl[a]);
+        let e = rel_l2(
+            &real.iter().map(|&r| yl[r]).collect::<Vec<_>>(),
+            &real.iter().map(|&r| want[r]).collect::<Vec<_>>(),
+        );
+        assert!(e < 1e-5, "round {round}: logits rel L2 {e:.3e}");
+        let mut host: Option<usize> = None;
+        for (r, &v) in yl[..valid].iter().enumerate() {
+            if !v.is_nan() && host.is_none_or(|h| v > yl[h]) {
+                host = Some(r);
+            }
+        }
+        let host = host.unwrap();
+        assert_eq!(host, if round == 0 { a } else { b }, "round {round}: planted maximum");
+        let got = g.download::<i32>(next.ptr, 1).unwrap()[0];
+        assert_eq!(got as usize, host, "round {round}: chosen id");
+        assert_eq!(g.download::<u64>(best.ptr, 1).unwrap()[0], 0, "round {round}: best cleared");
+        // 5 -> 6, then held at max_pos 6
+        assert_eq!(g.download::<i32>(pos.ptr, 1).unwrap()[0], 6, "round {round}: position");
+    }
+}

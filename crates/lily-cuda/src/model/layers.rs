@@ -90,9 +90,10 @@ impl CudaModel {
         )
     }
 
-    /// Run `tokens` (already in `s.ids`, T of them, starting at `st.pos` which is
-    /// in `s.pos`) through every layer; leaves the residual stream in `s.x`.
-    pub(super) fn layers(&self, st: &mut CudaState, t: usize) -> Result<()> {
+    /// Run T tokens (their ids at device address `ids`: `s.ids` for prefill,
+    /// `s.next` for a decode step, starting at `st.pos` which is in `s.pos`)
+    /// through every layer; leaves the residual stream in `s.x`.
+    pub(super) fn layers(&self, st: &mut CudaState, t: usize, ids: u64) -> Result<()> {
         let cfg = &self.cfg;
         let g = &self.gpu;
         let s = &self.s;
@@ -104,7 +105,7 @@ impl CudaModel {
             0,
             &[
                 Arg::Ptr(self.w.embed.ptr),
-                Arg::Ptr(s.ids.ptr),
+                Arg::Ptr(ids),
                 Arg::Ptr(s.x.ptr),
                 Arg::I32(d as i32),
             ],
@@ -488,9 +489,41 @@ impl CudaModel {
 
     /// Decode logits into `s.logits`: `layers(_, 1)` left the final-normed
     /// hidden state in `s.h`.
-    pub(super) fn lm_head_decode(&self) -> Result<()> {
+    /// The decode step's lm_head: logits, and the greedy choice among ids
+    /// below `s.valid` into `s.next` with `s.pos` advanced when `advance`
+    /// (so the next step can be launched without the host touching either;
+    /// a profiled step stays where it is).
+    pub(super) fn lm_head_decode(&self, advance: bool) -> Result<()> {
         let (d, v) = (self.cfg.hidden_size, self.cfg.vocab_size);
-        self.linear(self.s.h.ptr, &self.w.lm_head, self.s.logits.ptr, 1, v, d)?;
+        let s = &self.s;
+        debug_assert_eq!(self.w.lm_head.bytes, v * d * 2);
+        self.gpu.launch(
+            "lm_head_argmax_kernel",
+            (v.div_ceil(8) as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(self.w.lm_head.ptr),
+                Arg::Ptr(s.h.ptr),
+                Arg::Ptr(s.logits.ptr),
+                Arg::I32(v as i32),
+                Arg::I32(d as i32),
+                Arg::Ptr(s.valid.ptr),
+                Arg::Ptr(s.best.ptr),
+            ],
+        )?;
+        self.gpu.launch(
+            "argmax_finish_kernel",
+            (1, 1, 1),
+            (32, 1, 1),
+            0,
+            &[
+                Arg::Ptr(s.best.ptr),
+                Arg::Ptr(s.next.ptr),
+                Arg::Ptr(s.pos.ptr),
+                Arg::I32(if advance { self.opts.max_seq as i32 - 1 } else { 0 }),
+            ],
+        )?;
         self.mark("lm_head", (self.w.lm_head.bytes + v * 4) as u64)
     }
 

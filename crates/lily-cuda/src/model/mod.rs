@@ -10,11 +10,13 @@ mod layers;
 mod moe_prefill;
 mod profile;
 
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
 use anyhow::{bail, Context, Result};
 use lily_model::{Config, LayerKind, Weights};
 
 use self::bytes::gib;
-use crate::gpu::{Arg, DevBuf, Gpu};
+use crate::gpu::{DevBuf, Gpu};
 use crate::sampling::{sample_into, GpuSampleParams};
 use crate::weights::{upload, weight_bytes, DevWeights};
 
@@ -51,6 +53,10 @@ pub struct CudaState {
     /// The decode step (layers + lm_head into the logits buffer) captured on
     /// this state's buffers at its first decode, replayed after.
     graph: Option<StepGraph>,
+    /// Which state this is (`CudaModel::next_owner`), and the token it chose
+    /// last (the one `decode_greedy` feeds).
+    id: u64,
+    last: Option<u32>,
 }
 
 /// A captured decode step. The graph refers to this state's buffers and the
@@ -79,7 +85,9 @@ struct Scratch {
     wts: DevBuf,     // [T, K+1] f32
     moe_h: DevBuf,   // [K+1, max(F, Fs)] bf16 (decode; prefill runs grouped)
     logits: DevBuf,  // [V] f32
-    next: DevBuf,    // [1] i32 sampled token
+    next: DevBuf,    // [1] i32 sampled token: also the token a decode step feeds
+    best: DevBuf,    // [1] u64 the decode step's greedy choice as argmax_entry, 0 between steps
+    valid: DevBuf,   // [1] i32 ids below this are eligible for the in-step greedy choice
     counter: DevBuf, // [1] u32 blocks done, for kernels whose last block finishes the job
     gdn: DevBuf,     // per-chunk records of the chunked GDN prefill
     att: DevBuf,     // split-K partials of the decode attention
@@ -131,6 +139,14 @@ pub struct CudaModel {
     ablate: std::sync::Mutex<Option<crate::profile::Ablation>>,
     /// key-range splits of the decode attention (fixed by max_seq, so the graph holds)
     att_splits: usize,
+    /// What `s.pos` and `s.valid` hold on the device (-1: unknown). A decode
+    /// step advances `s.pos` itself, so consecutive steps upload nothing.
+    dev_pos: AtomicI64,
+    dev_valid: AtomicI64,
+    /// The state whose last choice `s.next` holds (0: none), so a greedy step
+    /// feeds it from there without an upload; `state_ids` numbers the states from 1.
+    next_owner: AtomicU64,
+    state_ids: AtomicU64,
 }
 
 /// Device memory a model needs, in bytes: (weights, per-sequence state, activations).
@@ -245,6 +261,10 @@ impl CudaModel {
             prof_pos: std::sync::atomic::AtomicUsize::new(0),
             ablate: std::sync::Mutex::new(None),
             att_splits,
+            dev_pos: AtomicI64::new(-1),
+            dev_valid: AtomicI64::new(-1),
+            next_owner: AtomicU64::new(0),
+            state_ids: AtomicU64::new(1),
         })
     }
 
@@ -285,6 +305,12 @@ impl CudaModel {
             moe_h: gpu.alloc((k + 1) * fmax * 2)?,
             logits: gpu.alloc(cfg.vocab_size * 4)?,
             next: gpu.alloc(4)?,
+            best: {
+                let b = gpu.alloc(8)?;
+                gpu.zero(b.ptr, 8)?;
+                b
+            },
+            valid: gpu.alloc(4)?,
             counter: {
                 let c = gpu.alloc(4)?;
                 gpu.zero(c.ptr, 4)?;
@@ -345,6 +371,8 @@ impl CudaModel {
             pos: 0,
             layers,
             graph: None,
+            id: self.state_ids.fetch_add(1, Ordering::Relaxed),
+            last: None,
         })
     }
 
@@ -401,8 +429,8 @@ impl CudaModel {
             let n = chunk.len();
             let ids: Vec<i32> = chunk.iter().map(|&x| x as i32).collect();
             self.gpu.upload(self.s.ids.ptr, &ids)?;
-            self.gpu.upload(self.s.pos.ptr, &[st.pos as i32])?;
-            self.layers(st, n)?;
+            self.set_pos(st.pos)?;
+            self.layers(st, n, self.s.ids.ptr)?;
             st.pos += n;
             after(n)?;
         }
@@ -415,8 +443,11 @@ impl CudaModel {
         let v = self.cfg.vocab_size;
         if tokens.len() == 1 {
             self.check(st, tokens)?;
-            self.gpu.upload(self.s.ids.ptr, &[tokens[0] as i32])?;
-            self.decode_step(st)?;
+            self.gpu.upload(self.s.next.ptr, &[tokens[0] as i32])?;
+            self.decode_step(st, v)?;
+            // the caller chooses from the logits: no greedy choice to feed
+            st.last = None;
+            self.next_owner.store(0, Ordering::Relaxed);
             return self.gpu.download::<f32>(self.s.logits.ptr, v);
         }
         let mut out = Vec::new();
@@ -437,31 +468,61 @@ impl CudaModel {
         Ok(out)
     }
 
-    /// One decode step of the token already in `s.ids[0]` at position
-    /// `st.pos`: every layer and the lm_head, logits into `s.logits`. Replays
-    /// the state's captured graph (capturing it the first time).
-    fn decode_step(&self, st: &mut CudaState) -> Result<()> {
+    /// Upload the position the next launches run at.
+    pub(super) fn set_pos(&self, pos: usize) -> Result<()> {
+        self.gpu.upload(self.s.pos.ptr, &[pos as i32])?;
+        self.dev_pos.store(pos as i64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// `set_pos` unless the device already holds `pos` (the previous decode
+    /// step advanced it there).
+    fn ensure_pos(&self, pos: usize) -> Result<()> {
+        if self.dev_pos.load(Ordering::Relaxed) != pos as i64 {
+            self.set_pos(pos)?;
+        }
+        Ok(())
+    }
+
+    /// One decode step of the token in `s.next[0]` at position `st.pos`: every
+    /// layer and the lm_head, logits into `s.logits`, the greedy choice among
+    /// ids below `valid` into `s.next` and `s.pos` advanced, all on the device.
+    /// Replays the state's captured graph (capturing it the first time).
+    fn decode_step(&self, st: &mut CudaState, valid: usize) -> Result<()> {
         if st.pos + 1 > self.opts.max_seq {
             bail!("sequence exceeds --max-seq {}", self.opts.max_seq);
         }
         let s = &self.s;
-        self.gpu.upload(s.pos.ptr, &[st.pos as i32])?;
+        self.ensure_pos(st.pos)?;
+        if self.dev_valid.load(Ordering::Relaxed) != valid as i64 {
+            self.gpu.upload(s.valid.ptr, &[valid as i32])?;
+            self.dev_valid.store(valid as i64, Ordering::Relaxed);
+        }
         if !self.opts.graphs {
-            self.layers(st, 1)?;
-            self.lm_head_decode()?;
+            self.layers(st, 1, s.next.ptr)?;
+            self.lm_head_decode(true)?;
         } else {
             if st.graph.is_none() {
-                st.graph = Some(StepGraph(self.capture_step(st)?));
+                st.graph = Some(StepGraph(self.capture_step(st, true)?));
             }
             let g = st.graph.as_ref().unwrap();
             g.0.launch()
                 .map_err(|e| anyhow::anyhow!("launching the decode graph: {e:?}"))?;
         }
         st.pos += 1;
+        self.next_owner.store(st.id, Ordering::Relaxed);
+        // argmax_finish_kernel stops at max_seq - 1
+        self.dev_pos
+            .store(st.pos.min(self.opts.max_seq - 1) as i64, Ordering::Relaxed);
         Ok(())
     }
 
-    pub(super) fn capture_step(&self, st: &mut CudaState) -> Result<cudarc::driver::CudaGraph> {
+    /// Record one decode step into a graph (`advance`: see `lm_head_decode`).
+    pub(super) fn capture_step(
+        &self,
+        st: &mut CudaState,
+        advance: bool,
+    ) -> Result<cudarc::driver::CudaGraph> {
         use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
         let stream = &self.gpu.stream;
         stream
@@ -470,8 +531,8 @@ impl CudaModel {
         let recorded = self
             .prof
             .mark_start(stream)
-            .and_then(|_| self.layers(st, 1))
-            .and_then(|_| self.lm_head_decode());
+            .and_then(|_| self.layers(st, 1, self.s.next.ptr))
+            .and_then(|_| self.lm_head_decode(advance));
         // end the capture even when recording failed, or the stream stays capturing
         let graph = stream.end_capture(CUgraphInstantiate_flags(0));
         recorded.context("recording the decode step")?;
@@ -485,20 +546,21 @@ impl CudaModel {
     }
 
     /// One greedy decode step fully on the device: feed the token in `s.next`
-    /// (the previous step's choice), write the argmax to `s.next`, and copy
-    /// only that id to the host.
+    /// (the previous step's choice), leave the argmax there, and copy only
+    /// that id to the host.
     pub fn decode_greedy(&self, st: &mut CudaState) -> Result<u32> {
-        let s = &self.s;
-        // the token to feed is the one the last step chose
-        self.gpu.launch(
-            "copy_i32_kernel",
-            (1, 1, 1),
-            (32, 1, 1),
-            0,
-            &[Arg::Ptr(s.next.ptr), Arg::Ptr(s.ids.ptr)],
-        )?;
-        self.decode_step(st)?;
-        self.sample_logits(self.cfg.vocab_size, &GpuSampleParams::greedy(), 0.0)
+        if self.next_owner.load(Ordering::Relaxed) != st.id {
+            // another state's step or pick wrote s.next since this one chose
+            let Some(t) = st.last else {
+                bail!("decode_greedy: this state has chosen no token yet (prefill it first)");
+            };
+            self.check(st, &[t])?;
+            self.gpu.upload(self.s.next.ptr, &[t as i32])?;
+        }
+        self.decode_step(st, self.cfg.vocab_size)?;
+        let id = self.gpu.download::<i32>(self.s.next.ptr, 1)?[0] as u32;
+        st.last = Some(id);
+        Ok(id)
     }
 
     /// Prefill, then the greedy choice for the next token (left in `s.next`).
@@ -527,7 +589,10 @@ impl CudaModel {
             last = n;
             Ok(())
         })?;
-        self.pick_row(last.max(1) - 1, valid, p, u)
+        let id = self.pick_row(last.max(1) - 1, valid, p, u)?;
+        st.last = Some(id);
+        self.next_owner.store(st.id, Ordering::Relaxed);
+        Ok(id)
     }
 
     /// Feed `token`, then choose the next one on the device; only its id
@@ -540,10 +605,24 @@ impl CudaModel {
         p: &GpuSampleParams,
         u: f32,
     ) -> Result<u32> {
+        // bad input is refused before the state moves
         self.check(st, &[token])?;
-        self.gpu.upload(self.s.ids.ptr, &[token as i32])?;
-        self.decode_step(st)?;
-        self.sample_logits(valid, p, u)
+        p.validate()?;
+        if valid == 0 {
+            bail!("sampling over 0 logits");
+        }
+        self.gpu.upload(self.s.next.ptr, &[token as i32])?;
+        let valid = valid.min(self.cfg.vocab_size);
+        self.decode_step(st, valid)?;
+        // the step's own greedy choice (over the same ids), or a draw, both
+        // left in s.next
+        let id = if p.is_greedy() {
+            self.gpu.download::<i32>(self.s.next.ptr, 1)?[0] as u32
+        } else {
+            self.sample_logits(valid, p, u)?
+        };
+        st.last = Some(id);
+        Ok(id)
     }
 
     fn pick_row(&self, row: usize, valid: usize, p: &GpuSampleParams, u: f32) -> Result<u32> {

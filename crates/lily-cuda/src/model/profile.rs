@@ -18,7 +18,7 @@ impl CudaModel {
         runs: usize,
     ) -> Result<Vec<crate::profile::Section>> {
         self.check(st, &[0])?;
-        self.gpu.upload(self.s.pos.ptr, &[st.pos as i32])?;
+        self.set_pos(st.pos)?;
         self.prof_pos
             .store(st.pos, std::sync::atomic::Ordering::Relaxed);
         let mut all: Vec<Vec<crate::profile::Section>> = Vec::new();
@@ -28,13 +28,15 @@ impl CudaModel {
             let r = self
                 .prof
                 .mark_start(&self.gpu.stream)
-                .and_then(|_| self.layers(st, 1))
-                .and_then(|_| self.lm_head_decode());
+                .and_then(|_| self.layers(st, 1, self.s.next.ptr))
+                .and_then(|_| self.lm_head_decode(false));
             let marks = self.prof.take().context("profile marks")?;
             r?;
             self.gpu.sync()?;
             all.push(marks.sections()?);
         }
+        // s.next now holds the profiled step's choice, no state's own
+        self.next_owner.store(0, std::sync::atomic::Ordering::Relaxed);
         let mut out = all[0].clone();
         for (i, sec) in out.iter_mut().enumerate() {
             let mut v: Vec<f64> = all.iter().map(|r| r[i].us).collect();
@@ -59,11 +61,11 @@ impl CudaModel {
     ) -> Result<(f64, Vec<(&'static str, f64)>)> {
         use crate::profile::Ablation;
         self.check(st, &[0])?;
-        self.gpu.upload(self.s.pos.ptr, &[st.pos as i32])?;
+        self.set_pos(st.pos)?;
         // the groups in step order: one pass with every launch skipped
         *self.ablate.lock().unwrap() = Some(Ablation::learn());
         self.gpu.set_skip(true);
-        let r = self.layers(st, 1).and_then(|_| self.lm_head_decode());
+        let r = self.layers(st, 1, self.s.next.ptr).and_then(|_| self.lm_head_decode(false));
         self.gpu.set_skip(false);
         let order = self
             .ablate
@@ -85,11 +87,12 @@ impl CudaModel {
                 self.gpu.set_skip(a.skip_first());
                 *self.ablate.lock().unwrap() = Some(a);
             }
-            let graph = self.capture_step(st);
+            let graph = self.capture_step(st, false);
             *self.ablate.lock().unwrap() = None;
             self.gpu.set_skip(false);
             crate::profile::time_graph(&self.gpu.stream, &graph?, reps)
         };
+        self.next_owner.store(0, std::sync::atomic::Ordering::Relaxed);
         let whole = time(None)?;
         let mut out = Vec::new();
         for g in groups {
