@@ -305,18 +305,22 @@ extern "C" __global__ void argmax_kernel(const float* __restrict__ logits, int V
 
 // The end of a greedy decode step, after lm_head_argmax_kernel (gemv.cu) has
 // folded every logit into *best: the chosen id goes to next[0] (the token the
-// next step feeds), the position advances by one (at most to max_pos, so a
-// replayed graph never writes past the KV cache) and *best is cleared for the
-// next step. One thread; on the device, so consecutive steps need nothing from
-// the host.
+// next step feeds) and, when `host` is given (page-locked host memory mapped
+// for the device), to host[p & 1] for the step at position p, where the host
+// reads it while the next step already runs; the position advances by one (at
+// most to max_pos, so a replayed graph never writes past the KV cache) and
+// *best is cleared for the next step. On the device, so consecutive steps need
+// nothing from the host.
 extern "C" __global__ void argmax_finish_kernel(u64* __restrict__ best, int* __restrict__ next,
-                                                int* __restrict__ pos, int max_pos) {
+                                                int* __restrict__ pos, int max_pos, volatile int* host) {
     pdl_wait();
     pdl_trigger();
     if (threadIdx.x != 0) return;
-    next[0] = argmax_id(__ldcg(best));
+    const int id = argmax_id(__ldcg(best));
+    next[0] = id;
     *best = 0ull;
     const int p = __ldcg(pos);
+    if (host) host[p & 1] = id;
     if (p < max_pos) *pos = p + 1;
 }
 

@@ -56,6 +56,39 @@ impl DevBuf {
     }
 }
 
+/// Page-locked host memory mapped into the device's address space: a kernel
+/// stores into it directly (a decode step's chosen id), so the host reads the
+/// value once that kernel is done, without a copy queued behind later work.
+pub struct HostMapped {
+    host: *mut i32,
+    /// the device's address of the same memory
+    pub dev: u64,
+    len: usize,
+}
+
+// SAFETY: plain host memory; reads are volatile and ordered by event waits.
+unsafe impl Send for HostMapped {}
+unsafe impl Sync for HostMapped {}
+
+impl HostMapped {
+    /// Element `i`, as the device last wrote it (read after an event that
+    /// follows the writing kernel).
+    pub fn get(&self, i: usize) -> i32 {
+        assert!(i < self.len);
+        // SAFETY: i < len; the memory lives until drop.
+        unsafe { std::ptr::read_volatile(self.host.add(i)) }
+    }
+}
+
+impl Drop for HostMapped {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemHostAlloc in Gpu::alloc_mapped.
+        unsafe {
+            let _ = drv::free_host(self.host as _);
+        }
+    }
+}
+
 impl Drop for DevBuf {
     fn drop(&mut self) {
         if self.ptr != 0 {
@@ -153,6 +186,35 @@ impl Gpu {
         let ptr = unsafe { drv::malloc_sync(bytes) }
             .map_err(|e| anyhow!("cuMemAlloc of {bytes} bytes: {e:?}"))?;
         Ok(DevBuf { ptr, bytes })
+    }
+
+    /// `len` i32 of page-locked host memory the device can write (zeroed).
+    pub fn alloc_mapped(&self, len: usize) -> Result<HostMapped> {
+        use cudarc::driver::sys;
+        self.ctx.bind_to_thread()?;
+        // SAFETY: a fresh page-locked allocation, freed by HostMapped::drop;
+        // zeroed before use; its device address comes from the driver.
+        unsafe {
+            let host = drv::malloc_host(len.max(1) * 4, sys::CU_MEMHOSTALLOC_DEVICEMAP)
+                .map_err(|e| anyhow!("cuMemHostAlloc of {len} i32: {e:?}"))?
+                as *mut i32;
+            std::ptr::write_bytes(host, 0, len.max(1));
+            let mut dev: sys::CUdeviceptr = 0;
+            let r = sys::cuMemHostGetDevicePointer_v2(&mut dev, host as _, 0);
+            if r != sys::CUresult::CUDA_SUCCESS {
+                let _ = drv::free_host(host as _);
+                bail!("cuMemHostGetDevicePointer: {r:?}");
+            }
+            Ok(HostMapped { host, dev, len })
+        }
+    }
+
+    /// An event (no timing) to record on the stream and wait for.
+    pub fn event(&self) -> Result<cudarc::driver::CudaEvent> {
+        use cudarc::driver::sys::CUevent_flags;
+        self.ctx
+            .new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .map_err(|e| anyhow!("creating an event: {e:?}"))
     }
 
     pub fn upload<T: Copy>(&self, dst: u64, src: &[T]) -> Result<()> {

@@ -230,6 +230,88 @@ fn full4_forward_matches_the_cpu() {
     );
 }
 
+/// The pipelined greedy decode (each step queued before the previous choice
+/// reaches the host) chooses exactly what single greedy steps choose; two
+/// states decoded in turn each feed their own choice (the model's `s.next`
+/// is shared); an early stop leaves the state one step further, its pending
+/// choice that step's, and the position held on the device agrees with the
+/// host's after every kind of step.
+#[test]
+fn greedy_pipeline_matches_single_steps() {
+    let Some(g) = gpu() else { return };
+    let (cfg, w) = ModelSource::Synthetic("full4".into())
+        .load_procedural()
+        .unwrap();
+    let opts = CudaOptions {
+        max_seq: 256,
+        ..CudaOptions::default()
+    };
+    let m = CudaModel::load(g, cfg, &w, opts, false).unwrap();
+    let prompt: Vec<u32> = (0..40u64)
+        .map(|i| ((i * 2_654_435_761 + 131) % 248_077) as u32)
+        .collect();
+    let steps = 24;
+    // reference: one step at a time, states A and B interleaved
+    let (mut a, mut b) = (m.new_state().unwrap(), m.new_state().unwrap());
+    let mut want = vec![m.prefill_greedy(&mut a, &prompt).unwrap()];
+    let b0 = m.prefill_greedy(&mut b, &prompt[..20]).unwrap();
+    let mut want_b = vec![b0];
+    for _ in 0..steps {
+        want.push(m.decode_greedy(&mut a).unwrap());
+        want_b.push(m.decode_greedy(&mut b).unwrap());
+    }
+    assert!(
+        want.windows(2).any(|p| p[0] != p[1]),
+        "a constant sequence tests little: {want:?}"
+    );
+    // the pipeline over the whole run
+    let mut c = m.new_state().unwrap();
+    assert_eq!(m.prefill_greedy(&mut c, &prompt).unwrap(), want[0]);
+    let mut got = vec![want[0]];
+    let seen = m
+        .decode_greedy_run(&mut c, steps, m.cfg.vocab_size, &mut |t| {
+            got.push(t);
+            Ok(true)
+        })
+        .unwrap();
+    assert_eq!(seen, steps);
+    assert_eq!(got, want, "pipelined greedy differs from single steps");
+    assert_eq!(c.pos, prompt.len() + steps);
+    // B again, after C wrote the shared s.next: B feeds its own last choice
+    let next_b = m.decode_greedy(&mut b).unwrap();
+    let mut b2 = m.new_state().unwrap();
+    assert_eq!(m.prefill_greedy(&mut b2, &prompt[..20]).unwrap(), want_b[0]);
+    let mut last = 0;
+    for _ in 0..=steps {
+        last = m.decode_greedy(&mut b2).unwrap();
+    }
+    assert_eq!(next_b, last, "state B fed another state's choice");
+    // an early stop after 5 choices: the step queued ahead has fed the 5th
+    let mut d = m.new_state().unwrap();
+    m.prefill_greedy(&mut d, &prompt).unwrap();
+    let mut first = Vec::new();
+    let seen = m
+        .decode_greedy_run(&mut d, steps, m.cfg.vocab_size, &mut |t| {
+            first.push(t);
+            Ok(first.len() < 5)
+        })
+        .unwrap();
+    assert_eq!(seen, 5);
+    assert_eq!(first, want[1..6]);
+    assert_eq!(d.pos, prompt.len() + 6, "one step queued ahead of the stop");
+    // the pending choice is that extra step's: the next step yields want[7]
+    assert_eq!(m.decode_greedy(&mut d).unwrap(), want[7]);
+    // and a run resumed after a single step continues the same sequence
+    let mut more = Vec::new();
+    m.decode_greedy_run(&mut d, 3, m.cfg.vocab_size, &mut |t| {
+        more.push(t);
+        Ok(true)
+    })
+    .unwrap();
+    assert_eq!(more, want[8..11]);
+    assert_eq!(d.pos, prompt.len() + 10);
+}
+
 fn lily_engine_argmax(x: &[f32]) -> usize {
     (0..x.len()).fold(0, |b, i| if x[i] > x[b] { i } else { b })
 }

@@ -529,8 +529,13 @@ fn lm_head_argmax() {
     let (n, k) = (40_003usize, 2048usize);
     let best = g.alloc(8).unwrap();
     g.zero(best.ptr, 8).unwrap();
-    let (next, pos, valid_buf) = (g.alloc(4).unwrap(), g.alloc(4).unwrap(), g.alloc(4).unwrap());
+    let (next, pos, valid_buf) = (
+        g.alloc(4).unwrap(),
+        g.alloc(4).unwrap(),
+        g.alloc(4).unwrap(),
+    );
     g.upload(pos.ptr, &[5i32]).unwrap();
+    let host_ids = g.alloc_mapped(2).unwrap();
     // round 0: two identical strongest rows (the lower id must win), every
     // id valid; round 1: a NaN logit, and rows past `valid` far above the rest
     for (round, seed) in [(0usize, 101u64), (1, 102)] {
@@ -583,6 +588,7 @@ fn lm_head_argmax() {
                 Arg::Ptr(next.ptr),
                 Arg::Ptr(pos.ptr),
                 Arg::I32(6),
+                Arg::Ptr(host_ids.dev),
             ],
         )
         .unwrap();
@@ -596,7 +602,11 @@ fn lm_head_argmax() {
             .collect();
         let real: Vec<usize> = (0..n).filter(|&r| !want[r].is_nan()).collect();
         assert_eq!(real.len(), n - round, "round {round}: NaN rows");
-        assert!(yl[a].is_nan() == (round == 1), "round {round}: row {a} {}", yl[a]);
+        assert!(
+            yl[a].is_nan() == (round == 1),
+            "round {round}: row {a} {}",
+            yl[a]
+        );
         let e = rel_l2(
             &real.iter().map(|&r| yl[r]).collect::<Vec<_>>(),
             &real.iter().map(|&r| want[r]).collect::<Vec<_>>(),
@@ -609,11 +619,29 @@ fn lm_head_argmax() {
             }
         }
         let host = host.unwrap();
-        assert_eq!(host, if round == 0 { a } else { b }, "round {round}: planted maximum");
+        assert_eq!(
+            host,
+            if round == 0 { a } else { b },
+            "round {round}: planted maximum"
+        );
         let got = g.download::<i32>(next.ptr, 1).unwrap()[0];
         assert_eq!(got as usize, host, "round {round}: chosen id");
-        assert_eq!(g.download::<u64>(best.ptr, 1).unwrap()[0], 0, "round {round}: best cleared");
+        // the step at position 5 (round 0), then 6 (round 1): slot pos & 1
+        assert_eq!(
+            host_ids.get(1 - round),
+            got,
+            "round {round}: mapped host copy"
+        );
+        assert_eq!(
+            g.download::<u64>(best.ptr, 1).unwrap()[0],
+            0,
+            "round {round}: best cleared"
+        );
         // 5 -> 6, then held at max_pos 6
-        assert_eq!(g.download::<i32>(pos.ptr, 1).unwrap()[0], 6, "round {round}: position");
+        assert_eq!(
+            g.download::<i32>(pos.ptr, 1).unwrap()[0],
+            6,
+            "round {round}: position"
+        );
     }
 }

@@ -7,7 +7,7 @@ use lily_cuda::sampling::GpuSampleParams;
 use lily_cuda::{CudaModel, CudaOptions, CudaState};
 use lily_model::{Config, Weights};
 
-use crate::generate::Model;
+use crate::generate::{decode_pick_each, Model};
 use crate::sampling::Sampler;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -179,6 +179,29 @@ impl Model for Backend {
                 let logits = self.prefill(tokens, st)?;
                 Ok(sampler.sample(&logits))
             }
+        }
+    }
+
+    /// Greedy on CUDA: the device pipeline (`CudaModel::decode_greedy_run`),
+    /// each step queued before the previous choice reaches the host.
+    fn decode_pick_run(
+        &self,
+        token: u32,
+        st: &mut BackendState,
+        sampler: &mut Sampler,
+        n: usize,
+        on_token: &mut dyn FnMut(u32, &mut Sampler) -> Result<bool>,
+    ) -> Result<()> {
+        match (self, st) {
+            (Backend::Cuda(m), BackendState::Cuda(s))
+                if sampler.logits_only() && sampler.is_greedy() =>
+            {
+                m.set_next_token(s, token)?;
+                let valid = sampler.valid_vocab();
+                m.decode_greedy_run(s, n, valid, &mut |id| on_token(id, sampler))?;
+                Ok(())
+            }
+            (_, st) => decode_pick_each(self, token, st, sampler, n, on_token),
         }
     }
 

@@ -46,6 +46,24 @@ pub trait Model {
         Ok(sampler.sample(&logits))
     }
 
+    /// Feed `token` (the last pick's choice), then go on picking and feeding:
+    /// each choice goes to `on_token` (with the sampler, to record it), which
+    /// says whether to go on; at most `n` choices. A backend may queue the
+    /// step that feeds a choice before `on_token` has seen it (the CUDA
+    /// backend's greedy pipeline), so after a stop the state may hold that
+    /// last choice too: the caller does not extend the state afterwards.
+    /// Default: [`Model::decode_pick`] one token at a time.
+    fn decode_pick_run(
+        &self,
+        token: u32,
+        state: &mut Self::State,
+        sampler: &mut Sampler,
+        n: usize,
+        on_token: &mut dyn FnMut(u32, &mut Sampler) -> Result<bool>,
+    ) -> Result<()> {
+        decode_pick_each(self, token, state, sampler, n, on_token)
+    }
+
     /// [`Model::decode`], then the next token, as in [`Model::prefill_pick`].
     fn decode_pick(
         &self,
@@ -184,6 +202,26 @@ impl StopMatcher {
     }
 }
 
+/// [`Model::decode_pick_run`] one [`Model::decode_pick`] at a time: the
+/// default, and a backend's fallback where it has no pipeline.
+pub fn decode_pick_each<M: Model + ?Sized>(
+    model: &M,
+    token: u32,
+    state: &mut M::State,
+    sampler: &mut Sampler,
+    n: usize,
+    on_token: &mut dyn FnMut(u32, &mut Sampler) -> Result<bool>,
+) -> Result<()> {
+    let mut t = token;
+    for _ in 0..n {
+        t = model.decode_pick(t, state, sampler)?;
+        if !on_token(t, sampler)? {
+            break;
+        }
+    }
+    Ok(())
+}
+
 /// Run one request. `on_text` receives each new piece of text as soon as it
 /// is certain; returning `false` cancels the generation at the next token.
 /// Tokens are chosen where the backend can (on the GPU, only the id comes
@@ -269,51 +307,59 @@ fn run<M: Model>(
     let mut finish = FinishReason::Length;
     let mut stop_string = false;
     let mut t_first = Instant::now();
-    let mut emit = |piece: &str, text: &mut String| -> bool {
-        text.push_str(piece);
-        piece.is_empty() || on_text(piece)
-    };
-    while tokens.len() < req.max_tokens {
-        let next = match chosen.take() {
-            Some(id) => id,
-            None => sampler.sample(&logits),
-        };
+    // One chosen token through the stop ids, the observer, the detokenizer
+    // and the stop strings; true: go on to the next one.
+    let mut take = |next: u32, logits: &[f32], sampler: &mut Sampler| -> Result<bool> {
         if tokens.is_empty() {
             ttft = t0.elapsed();
             t_first = Instant::now();
         }
         if req.stop_ids.contains(&next) {
             finish = FinishReason::Stop;
-            break;
+            return Ok(false);
         }
         let go_on = match &mut on_token {
             OnToken::Id(f) => f(next),
-            OnToken::WithLogits(f) => f(next, &logits),
+            OnToken::WithLogits(f) => f(next, logits),
         };
         if !go_on {
             finish = FinishReason::Cancelled;
-            break;
+            return Ok(false);
         }
         sampler.accept(next);
         tokens.push(next);
         let piece = detok.push(tok, next)?;
         let (out, matched) = stops.push(&piece);
-        if !emit(&out, &mut text) {
+        text.push_str(&out);
+        if !(out.is_empty() || on_text(&out)) {
             finish = FinishReason::Cancelled;
-            break;
+            return Ok(false);
         }
         if matched {
             finish = FinishReason::Stop;
             stop_string = true;
-            break;
+            return Ok(false);
         }
-        if tokens.len() == req.max_tokens {
-            break;
+        Ok(tokens.len() < req.max_tokens)
+    };
+    if let Some(first) = chosen {
+        // the backend chooses: after the first token it may keep steps
+        // queued ahead of the host (the state is dropped after the request,
+        // so a step spent past a stop costs only its time)
+        if take(first, &[], &mut sampler)? {
+            model.decode_pick_run(
+                first,
+                &mut state,
+                &mut sampler,
+                req.max_tokens - 1,
+                &mut |id, sampler| take(id, &[], sampler),
+            )?;
         }
-        if pick {
-            chosen = Some(model.decode_pick(next, &mut state, &mut sampler)?);
-        } else {
+    } else if req.max_tokens > 0 {
+        let mut next = sampler.sample(&logits);
+        while take(next, &logits, &mut sampler)? {
             logits = model.decode(next, &mut state)?;
+            next = sampler.sample(&logits);
         }
     }
     if !stop_string && finish != FinishReason::Cancelled {
@@ -322,7 +368,11 @@ fn run<M: Model>(
         let tail = detok.finish(tok)?;
         let (out, _) = stops.push(&tail);
         let rest = stops.finish();
-        emit(&(out + &rest), &mut text);
+        let tail = out + &rest;
+        text.push_str(&tail);
+        if !tail.is_empty() {
+            on_text(&tail);
+        }
     }
     let stats = Stats {
         prompt_tokens: req.prompt.len(),

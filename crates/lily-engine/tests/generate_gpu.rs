@@ -3,7 +3,9 @@
 //! Without a GPU every test prints that it skips and passes.
 
 use lily_engine::backend::{Backend, Device};
-use lily_engine::generate::{generate, generate_observed, GenerateRequest, Generation};
+use lily_engine::generate::{
+    generate, generate_observed, FinishReason, GenerateRequest, Generation,
+};
 use lily_engine::sampling::SamplingParams;
 use lily_model::tokenizer::Tokenizer;
 use lily_model::ModelSource;
@@ -78,6 +80,25 @@ fn greedy_on_the_device_equals_greedy_on_the_host() {
                 "{model}: greedy differs between device and host choice"
             );
             assert_eq!(dev.text, host.text);
+            // a stop id part-way: the device pipeline has queued the step
+            // after it, yet the output ends where the host's does
+            let stop = host.tokens[n / 3];
+            let cut = host.tokens.iter().position(|&t| t == stop).unwrap();
+            let mut req_stop = req.clone();
+            req_stop.stop_ids = vec![stop];
+            let d = on_device(&b, &tok, &req_stop);
+            assert_eq!(d.tokens, host.tokens[..cut], "{model}: stop id {stop}");
+            assert_eq!(d.finish, FinishReason::Stop);
+            // cancelled by the text observer after the first non-empty piece
+            let mut pieces = 0;
+            let d = generate(&b, &tok, &req, &mut |_| {
+                pieces += 1;
+                false
+            })
+            .unwrap();
+            assert_eq!(d.finish, FinishReason::Cancelled);
+            assert_eq!(pieces, 1);
+            assert_eq!(d.tokens, host.tokens[..d.tokens.len()]);
             // top_k = 1 is greedy too
             let req = request(
                 prompt,

@@ -521,7 +521,12 @@ impl CudaModel {
                 Arg::Ptr(s.best.ptr),
                 Arg::Ptr(s.next.ptr),
                 Arg::Ptr(s.pos.ptr),
-                Arg::I32(if advance { self.opts.max_seq as i32 - 1 } else { 0 }),
+                Arg::I32(if advance {
+                    self.opts.max_seq as i32 - 1
+                } else {
+                    0
+                }),
+                Arg::Ptr(s.host_next.dev),
             ],
         )?;
         self.mark("lm_head", (self.w.lm_head.bytes + v * 4) as u64)

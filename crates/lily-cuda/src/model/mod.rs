@@ -68,29 +68,30 @@ unsafe impl Send for StepGraph {}
 
 /// Activation buffers for up to `prefill_chunk` tokens.
 struct Scratch {
-    ids: DevBuf,     // [T] i32
-    pos: DevBuf,     // [1] i32
-    x: DevBuf,       // [T, D] f32 residual
-    h: DevBuf,       // [T, max(D, Hq*Dh, Hv*Dv)] bf16: GEMM inputs
-    big: DevBuf,     // [T, max(q rows, C)] f32: q_proj / in_proj_qkv output
-    z: DevBuf,       // [T, Hv*Dv] f32
-    k: DevBuf,       // [T, Hkv*Dh] f32
-    v: DevBuf,       // [T, Hkv*Dh] f32
-    ba: DevBuf,      // [T, 2 Hv] f32
-    conv: DevBuf,    // [T, C] f32
-    q: DevBuf,       // [T, max(Hq*Dh, Hv*Dv)] f32: roped q, or GDN core output
-    delta: DevBuf,   // [T, D] f32 mixer output
-    rl: DevBuf,      // [T, E+1] f32 router logits
-    idx: DevBuf,     // [T, K] i32
-    wts: DevBuf,     // [T, K+1] f32
-    moe_h: DevBuf,   // [K+1, max(F, Fs)] bf16 (decode; prefill runs grouped)
-    logits: DevBuf,  // [V] f32
-    next: DevBuf,    // [1] i32 sampled token: also the token a decode step feeds
-    best: DevBuf,    // [1] u64 the decode step's greedy choice as argmax_entry, 0 between steps
-    valid: DevBuf,   // [1] i32 ids below this are eligible for the in-step greedy choice
+    ids: DevBuf,                       // [T] i32
+    pos: DevBuf,                       // [1] i32
+    x: DevBuf,                         // [T, D] f32 residual
+    h: DevBuf,                         // [T, max(D, Hq*Dh, Hv*Dv)] bf16: GEMM inputs
+    big: DevBuf,                       // [T, max(q rows, C)] f32: q_proj / in_proj_qkv output
+    z: DevBuf,                         // [T, Hv*Dv] f32
+    k: DevBuf,                         // [T, Hkv*Dh] f32
+    v: DevBuf,                         // [T, Hkv*Dh] f32
+    ba: DevBuf,                        // [T, 2 Hv] f32
+    conv: DevBuf,                      // [T, C] f32
+    q: DevBuf,                         // [T, max(Hq*Dh, Hv*Dv)] f32: roped q, or GDN core output
+    delta: DevBuf,                     // [T, D] f32 mixer output
+    rl: DevBuf,                        // [T, E+1] f32 router logits
+    idx: DevBuf,                       // [T, K] i32
+    wts: DevBuf,                       // [T, K+1] f32
+    moe_h: DevBuf,                     // [K+1, max(F, Fs)] bf16 (decode; prefill runs grouped)
+    logits: DevBuf,                    // [V] f32
+    next: DevBuf,                      // [1] i32 sampled token: also the token a decode step feeds
+    best: DevBuf, // [1] u64 the decode step's greedy choice as argmax_entry, 0 between steps
+    host_next: crate::gpu::HostMapped, // [2] i32 each step's choice, in slot pos & 1, for the host
+    valid: DevBuf, // [1] i32 ids below this are eligible for the in-step greedy choice
     counter: DevBuf, // [1] u32 blocks done, for kernels whose last block finishes the job
-    gdn: DevBuf,     // per-chunk records of the chunked GDN prefill
-    att: DevBuf,     // split-K partials of the decode attention
+    gdn: DevBuf,  // per-chunk records of the chunked GDN prefill
+    att: DevBuf,  // split-K partials of the decode attention
     grouped: Grouped,
 }
 
@@ -311,6 +312,7 @@ impl CudaModel {
                 b
             },
             valid: gpu.alloc(4)?,
+            host_next: gpu.alloc_mapped(2)?,
             counter: {
                 let c = gpu.alloc(4)?;
                 gpu.zero(c.ptr, 4)?;
@@ -545,22 +547,109 @@ impl CudaModel {
         Ok(graph)
     }
 
-    /// One greedy decode step fully on the device: feed the token in `s.next`
-    /// (the previous step's choice), leave the argmax there, and copy only
-    /// that id to the host.
-    pub fn decode_greedy(&self, st: &mut CudaState) -> Result<u32> {
+    /// Make `s.next` hold the token `st` feeds next: it does already when
+    /// `st` wrote it last (its previous step or pick).
+    fn feed_last(&self, st: &CudaState) -> Result<()> {
         if self.next_owner.load(Ordering::Relaxed) != st.id {
-            // another state's step or pick wrote s.next since this one chose
             let Some(t) = st.last else {
-                bail!("decode_greedy: this state has chosen no token yet (prefill it first)");
+                bail!("greedy decode: this state has chosen no token yet (prefill it first)");
             };
             self.check(st, &[t])?;
             self.gpu.upload(self.s.next.ptr, &[t as i32])?;
         }
+        Ok(())
+    }
+
+    /// One greedy decode step fully on the device: feed the token in `s.next`
+    /// (the previous step's choice), leave the argmax there, and copy only
+    /// that id to the host.
+    pub fn decode_greedy(&self, st: &mut CudaState) -> Result<u32> {
+        self.feed_last(st)?;
         self.decode_step(st, self.cfg.vocab_size)?;
         let id = self.gpu.download::<i32>(self.s.next.ptr, 1)?[0] as u32;
         st.last = Some(id);
         Ok(id)
+    }
+
+    /// Make `token` the one the next greedy step of `st` feeds: a no-op when
+    /// it is the state's own last choice, still in `s.next`.
+    pub fn set_next_token(&self, st: &mut CudaState, token: u32) -> Result<()> {
+        if st.last == Some(token) && self.next_owner.load(Ordering::Relaxed) == st.id {
+            return Ok(());
+        }
+        self.check(st, &[token])?;
+        self.gpu.upload(self.s.next.ptr, &[token as i32])?;
+        st.last = Some(token);
+        self.next_owner.store(st.id, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Greedy decoding (among the ids below `valid`) of up to `n` tokens with
+    /// the next step queued before the current token reaches the host: step
+    /// k + 1 feeds choice k straight from device memory, and choice k comes
+    /// back through mapped host memory while step k + 1 runs, so the GPU
+    /// never idles for the host's round trip. `on_token` sees each choice in
+    /// order and says whether to go on. After an early stop the step queued
+    /// ahead has consumed that last choice as well (one step spent; the state
+    /// is one position further and its pending choice is that step's).
+    /// Returns how many tokens `on_token` saw.
+    pub fn decode_greedy_run(
+        &self,
+        st: &mut CudaState,
+        n: usize,
+        valid: usize,
+        on_token: &mut dyn FnMut(u32) -> Result<bool>,
+    ) -> Result<usize> {
+        if n == 0 {
+            return Ok(0);
+        }
+        if valid == 0 {
+            bail!("greedy decode over 0 ids");
+        }
+        self.feed_last(st)?;
+        let v = valid.min(self.cfg.vocab_size);
+        let ev = [self.gpu.event()?, self.gpu.event()?];
+        let record = |i: usize| {
+            ev[i % 2]
+                .record(&self.gpu.stream)
+                .map_err(|e| anyhow::anyhow!("recording an event: {e:?}"))
+        };
+        let wait = |i: usize| {
+            ev[i % 2]
+                .synchronize()
+                .map_err(|e| anyhow::anyhow!("CUDA error in a decode step: {e:?}"))
+        };
+        // q: the position of the oldest step in flight (its choice is in slot q & 1)
+        let mut q = st.pos;
+        self.decode_step(st, v)?;
+        record(0)?;
+        st.last = None;
+        let mut seen = 0;
+        loop {
+            let ahead = seen + 1 < n && st.pos < self.opts.max_seq;
+            if ahead {
+                self.decode_step(st, v)?;
+                record(seen + 1)?;
+            }
+            wait(seen)?;
+            let id = self.s.host_next.get(q & 1) as u32;
+            q += 1;
+            seen += 1;
+            let go = on_token(id)?;
+            if ahead && go {
+                continue;
+            }
+            if ahead {
+                wait(seen)?;
+                st.last = Some(self.s.host_next.get(q & 1) as u32);
+            } else {
+                st.last = Some(id);
+                if go && seen < n {
+                    bail!("sequence exceeds --max-seq {}", self.opts.max_seq);
+                }
+            }
+            return Ok(seen);
+        }
     }
 
     /// Prefill, then the greedy choice for the next token (left in `s.next`).

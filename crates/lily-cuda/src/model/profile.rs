@@ -36,7 +36,8 @@ impl CudaModel {
             all.push(marks.sections()?);
         }
         // s.next now holds the profiled step's choice, no state's own
-        self.next_owner.store(0, std::sync::atomic::Ordering::Relaxed);
+        self.next_owner
+            .store(0, std::sync::atomic::Ordering::Relaxed);
         let mut out = all[0].clone();
         for (i, sec) in out.iter_mut().enumerate() {
             let mut v: Vec<f64> = all.iter().map(|r| r[i].us).collect();
@@ -65,7 +66,9 @@ impl CudaModel {
         // the groups in step order: one pass with every launch skipped
         *self.ablate.lock().unwrap() = Some(Ablation::learn());
         self.gpu.set_skip(true);
-        let r = self.layers(st, 1, self.s.next.ptr).and_then(|_| self.lm_head_decode(false));
+        let r = self
+            .layers(st, 1, self.s.next.ptr)
+            .and_then(|_| self.lm_head_decode(false));
         self.gpu.set_skip(false);
         let order = self
             .ablate
@@ -92,7 +95,8 @@ impl CudaModel {
             self.gpu.set_skip(false);
             crate::profile::time_graph(&self.gpu.stream, &graph?, reps)
         };
-        self.next_owner.store(0, std::sync::atomic::Ordering::Relaxed);
+        self.next_owner
+            .store(0, std::sync::atomic::Ordering::Relaxed);
         let whole = time(None)?;
         let mut out = Vec::new();
         for g in groups {
