@@ -166,19 +166,37 @@ extern "C" __global__ void attention_decode_partial_kernel(const float* __restri
     __shared__ __align__(16) float sm_c[ATTD_WARPS][ATTD_HEADS];
     __shared__ __align__(16) float sm_acc[ATTD_WARPS][ATTD_HEADS][256];
     __shared__ float sm_m[ATTD_WARPS][ATTD_HEADS], sm_l[ATTD_WARPS][ATTD_HEADS], sm_f[ATTD_WARPS][ATTD_HEADS];
-    pdl_wait();
-    pdl_trigger();
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int G = Hq / Hkv, cpg = (G + ATTD_HEADS - 1) / ATTD_HEADS;
     const int kh = blockIdx.x / cpg, c = blockIdx.x % cpg;
     const int h0 = kh * G + c * ATTD_HEADS, nh = min(ATTD_HEADS, G - c * ATTD_HEADS);
     const int s = blockIdx.y;
-    // This split's keys [k0, k1), then this warp's share [a, b).
+    // This split's keys [k0, k1), then this warp's share [a, b). The
+    // position was set before the step (by the host, or the previous step's
+    // last kernel), so it is read before the PDL wait.
     const long n = (long)__ldcg(pos_ptr) + 1;
     const long chunk = (n + splits - 1) / splits;
     const long k0 = min((long)s * chunk, n), k1 = min(k0 + chunk, n);
     const long per = ((k1 - k0 + ATTD_WARPS - 1) / ATTD_WARPS + ATTD_BATCH - 1) / ATTD_BATCH * ATTD_BATCH;
     const long a = min(k0 + w * per, k1), b = min(a + per, k1);
+    // The warp's first batch of K and V rows, prefetched into L2 while the
+    // kernel before (the q/k preparation) finishes: at 4k context that batch
+    // is the warp's whole share, and its DRAM latency is then paid in that
+    // kernel's shadow. (Row n - 1, which that kernel writes, is coherent in
+    // L2; nothing is read into registers or L1 before the wait.)
+    {
+        const int j = lane >> 2, part = lane & 3;  // 8 rows x 4 lines of 128 bytes
+        const long r = a + j;
+        if (r < b) {
+            const long off = (r * Hkv + kh) * (long)Dh + part * 64;
+            if (part * 64 < Dh) {
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(kcache + off));
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(vcache + off));
+            }
+        }
+    }
+    pdl_wait();
+    pdl_trigger();
     const int d0 = lane * 8;
     const bool act = d0 < Dh;  // lanes past Dh read dims 0..7 with q = 0 and store nothing
     const int hl = lane >> 2;  // the head attd_reduce8 leaves in this lane
@@ -317,12 +335,16 @@ extern "C" __global__ void attention_decode_partial_kernel(const float* __restri
 }
 
 // Grid (Hq, ceil(Dh / 32)), block ATTD_MERGE_WARPS * 32: block (h, y) merges
-// dims 32y..32y+31 of head h, warp w the splits w, w + 8, ..., ATTD_MERGE_UNROLL
-// of them at a time (their loads in flight together). part: as written by
-// attention_decode_partial_kernel (splits <= ATTD_MAX_SPLITS); qg: [Hq,
-// (1 + gated) * Dh] f32, per head [query | gate]; out: [Hq * Dh] bf16 =
-// attn * sigmoid(gate).
-#define ATTD_MERGE_UNROLL 8
+// dims 32y..32y+31 of head h, warp w the splits w, w + 8, .... Every load of
+// the common case (splits <= ATTD_MERGE_WARPS * ATTD_MERGE_UNROLL = 264:
+// the split's m and l, the warp's ATTD_MERGE_UNROLL partial sums) is issued
+// right after the wait, before the weights that scale them are known, so the
+// merge costs one L2 round trip instead of one per dependent step. Empty
+// splits hold m = -inf, l = 0, acc = 0: weight 0, and their zeros add nothing.
+// part: as written by attention_decode_partial_kernel (splits <=
+// ATTD_MAX_SPLITS); qg: [Hq, (1 + gated) * Dh] f32, per head [query | gate];
+// out: [Hq * Dh] bf16 = attn * sigmoid(gate).
+#define ATTD_MERGE_UNROLL 33
 extern "C" __global__ void attention_decode_merge_kernel(const float* __restrict__ part, const float* __restrict__ qg,
                                                          bf16* __restrict__ out, int Hq, int Dh, int splits,
                                                          int gated) {
@@ -335,8 +357,26 @@ extern "C" __global__ void attention_decode_merge_kernel(const float* __restrict
     const long pbase = (long)Hq * splits * Dh;
     const float* pm = part + pbase + (long)h * splits;
     const float* pl = part + pbase + (long)Hq * splits + (long)h * splits;
-    float mx = -LILY_INF;
-    for (int s = threadIdx.x; s < splits; s += blockDim.x) mx = fmaxf(mx, __ldcg(pm + s));
+    const int d = blockIdx.y * 32 + lane;
+    const bool act = d < Dh;
+    const float* pa = part + (long)h * splits * Dh + (act ? d : 0);
+    float x[ATTD_MERGE_UNROLL];
+#pragma unroll
+    for (int u = 0; u < ATTD_MERGE_UNROLL; u++) {
+        const int s = w + u * ATTD_MERGE_WARPS;
+        x[u] = s < splits ? __ldcg(pa + (long)s * Dh) : 0.f;
+    }
+    constexpr int PER = ATTD_MAX_SPLITS / (ATTD_MERGE_WARPS * 32);
+    float mv[PER], lv[PER];
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int s = threadIdx.x + i * ATTD_MERGE_WARPS * 32;
+        mv[i] = s < splits ? __ldcg(pm + s) : -LILY_INF;
+        lv[i] = s < splits ? __ldcg(pl + s) : 0.f;
+    }
+    float mx = mv[0];
+#pragma unroll
+    for (int i = 1; i < PER; i++) mx = fmaxf(mx, mv[i]);
     mx = warp_max(mx);
     if (lane == 0) sm_red[w] = mx;
     __syncthreads();
@@ -344,29 +384,22 @@ extern "C" __global__ void attention_decode_merge_kernel(const float* __restrict
     for (int i = 0; i < ATTD_MERGE_WARPS; i++) M = fmaxf(M, sm_red[i]);
     // M is finite: n >= 1, so split 0 has a key.
     float lsum = 0.f;
-    for (int s = threadIdx.x; s < splits; s += blockDim.x) {
-        const float ms = __ldcg(pm + s);
-        const float f = ms == -LILY_INF ? 0.f : exp2f(ms - M);
-        sm_w[s] = f;
-        lsum += __ldcg(pl + s) * f;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int s = threadIdx.x + i * ATTD_MERGE_WARPS * 32;
+        const float f = mv[i] == -LILY_INF ? 0.f : exp2f(mv[i] - M);
+        if (s < splits) sm_w[s] = f;
+        lsum += lv[i] * f;
     }
     const float L = block_sum(lsum);  // its barriers also publish sm_w
-    const int d = blockIdx.y * 32 + lane;
-    const bool act = d < Dh;
-    const float* pa = part + (long)h * splits * Dh + (act ? d : 0);
     float o = 0.f;
-    for (int s0 = w; s0 < splits; s0 += ATTD_MERGE_UNROLL * ATTD_MERGE_WARPS) {
-        float f[ATTD_MERGE_UNROLL], x[ATTD_MERGE_UNROLL];
 #pragma unroll
-        for (int u = 0; u < ATTD_MERGE_UNROLL; u++) {
-            const int s = s0 + u * ATTD_MERGE_WARPS;
-            f[u] = s < splits ? sm_w[s] : 0.f;
-            // Empty splits (and underflowed weights) are not read.
-            x[u] = f[u] != 0.f ? __ldcg(pa + (long)s * Dh) : 0.f;
-        }
-#pragma unroll
-        for (int u = 0; u < ATTD_MERGE_UNROLL; u++) o = fmaf(f[u], x[u], o);
+    for (int u = 0; u < ATTD_MERGE_UNROLL; u++) {
+        const int s = w + u * ATTD_MERGE_WARPS;
+        if (s < splits) o = fmaf(sm_w[s], x[u], o);
     }
+    for (int s = w + ATTD_MERGE_UNROLL * ATTD_MERGE_WARPS; s < splits; s += ATTD_MERGE_WARPS)
+        o = fmaf(sm_w[s], __ldcg(pa + (long)s * Dh), o);
     sm_o[w][lane] = o;
     __syncthreads();
     if (w == 0 && act) {

@@ -159,11 +159,19 @@ __device__ __forceinline__ void cluster_sync_() {
     asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
+// A split cluster barrier: arrive early (no ordering), wait later. Distributed
+// shared memory of a block may be written only once that block is running,
+// which the wait guarantees when every block arrived at its start.
+__device__ __forceinline__ void cluster_arrive_relaxed_() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait_() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
+
 // The generic address of `p`'s counterpart in the shared memory of cluster block `rank`.
-__device__ __forceinline__ const float* cluster_map_(const float* p, unsigned rank) {
+__device__ __forceinline__ float* cluster_map_(float* p, unsigned rank) {
     unsigned long long out;
     asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"(p), "r"(rank));
-    return reinterpret_cast<const float*>(out);
+    return reinterpret_cast<float*>(out);
 }
 
 // Conv (width 4) of one channel: taps w[0..3], history h[0..2] (oldest
@@ -189,7 +197,8 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
                       const float* __restrict__ z, const float* __restrict__ w,
                       float* __restrict__ S, bf16* __restrict__ out, int Hk, int Hv, float eps) {
     __shared__ float4 red_u[8][GDN_DEC_COLS / 4], red_q[8][GDN_DEC_COLS / 4];
-    __shared__ float part;  // this block's sum of o^2, read by the head's 4 blocks
+    // the head's 4 blocks' sums of o^2, each pushed here by its block
+    __shared__ float parts[GDN_DEC_HEAD_BLOCKS];
     __shared__ __align__(16) float qk_s[2 * DK];  // q | k of the key head, after conv + SiLU
     __shared__ __align__(16) float v_s[GDN_DEC_COLS];  // this block's v columns, likewise
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -199,6 +208,7 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
     const int j = blockIdx.x / GDN_DEC_HEAD_BLOCKS;
     const int col0 = (int)hrank * GDN_DEC_COLS;  // first column of this block
     const int kh = j / (Hv / Hk);
+    cluster_arrive_relaxed_();  // "this block runs": waited for before the push in step 6
 
     // 1. The state tile first: 4 rows x float4, all loads in flight together;
     //    then the conv history and taps of the block's channels: thread tid
@@ -331,6 +341,8 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
 
     // 5. o = Sd^T q + delta (k . q) for the block's 32 columns: warp 0, lane = column.
     //    (Its delta is the same sum in the same order as the stored state's.)
+    //    Every thread waits on the barrier it arrived at on entry (long met).
+    cluster_wait_();
     float o = 0.f;
     if (warp == 0) {
         const float* ru = reinterpret_cast<const float*>(&red_u[0][0]);
@@ -343,15 +355,19 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
         }
         o = oc + beta * (vc - uc) * kq;
         float ss = warp_sum(o * o);
-        if (lane == 0) part = ss;
+        // 6. Push this block's sum into every block of the head (lane r to
+        //    block r): after the barrier each block reads its own copies, so
+        //    no block reads another's shared memory late and none has to
+        //    wait at a second barrier before it may exit.
+        if (lane < GDN_DEC_HEAD_BLOCKS)
+            *cluster_map_(&parts[hrank], rank - hrank + lane) = ss;
     }
-    // 6. The head's sum of squares over its 4 blocks, then the gated norm.
+    // The head's sum of squares over its 4 blocks, then the gated norm.
     cluster_sync_();
     if (warp == 0) {
         float ss = 0.f;
-        const unsigned r0 = rank - hrank;
 #pragma unroll
-        for (unsigned r = 0; r < GDN_DEC_HEAD_BLOCKS; r++) ss += *cluster_map_(&part, r0 + r);
+        for (unsigned r = 0; r < GDN_DEC_HEAD_BLOCKS; r++) ss += parts[r];
         float inv = rsqrtf(ss / GDN_DEC_DV + eps);
         out[(long)j * GDN_DEC_DV + col0 + lane] = f2bf(wc * (o * inv) * zc);
     }
@@ -368,6 +384,4 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
         conv_state[cqk * 3 + 1] = hqk[2];
         conv_state[cqk * 3 + 2] = xqk;
     }
-    // No block may exit (freeing its shared memory) while another still reads `part`.
-    cluster_sync_();
 }
