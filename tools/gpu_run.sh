@@ -159,6 +159,14 @@ quick)
     > "$out/bench-quick-$(basename "$carry").txt" 2> "$out/bench-quick.log" \
     && note "$carry: $(tail -3 "$out/bench-quick-$(basename "$carry").txt")" || note "bench quick FAILED: $(tail -3 "$out/bench-quick.log")"
   ;;
+splits)
+  # decode at 4k with other attention split counts (LILY_ATTN_SPLITS) than
+  # the rule's (132 at this max-seq)
+  for n in 66 264; do
+    LILY_ATTN_SPLITS=$n timeout 100 "$lily" bench --device cuda --synthetic full --prompt-len 64 --context 4096 --gen 128 --runs 3 \
+      > "$out/bench-splits-$n.txt" 2>&1 && note "splits $n: $(tail -1 "$out/bench-splits-$n.txt")" || note "splits $n FAILED"
+  done
+  ;;
 side)
   # Lily and transformers on the same random weights, one after the other in
   # this run, then one table with the ratio (BENCHMARKS.md records it)

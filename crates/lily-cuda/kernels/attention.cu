@@ -179,20 +179,19 @@ extern "C" __global__ void attention_decode_partial_kernel(const float* __restri
     const long k0 = min((long)s * chunk, n), k1 = min(k0 + chunk, n);
     const long per = ((k1 - k0 + ATTD_WARPS - 1) / ATTD_WARPS + ATTD_BATCH - 1) / ATTD_BATCH * ATTD_BATCH;
     const long a = min(k0 + w * per, k1), b = min(a + per, k1);
-    // The warp's first batch of K and V rows, prefetched into L2 while the
-    // kernel before (the q/k preparation) finishes: at 4k context that batch
-    // is the warp's whole share, and its DRAM latency is then paid in that
+    // The warp's first two batches of K and V rows, prefetched into L2 while
+    // the kernel before (the q/k preparation) finishes: at 4k context that is
+    // the warp's whole share, and its DRAM latency is then paid in that
     // kernel's shadow. (Row n - 1, which that kernel writes, is coherent in
     // L2; nothing is read into registers or L1 before the wait.)
-    {
+#pragma unroll
+    for (int bt = 0; bt < 2; bt++) {
         const int j = lane >> 2, part = lane & 3;  // 8 rows x 4 lines of 128 bytes
-        const long r = a + j;
-        if (r < b) {
+        const long r = a + bt * ATTD_BATCH + j;
+        if (r < b && part * 64 < Dh) {
             const long off = (r * Hkv + kh) * (long)Dh + part * 64;
-            if (part * 64 < Dh) {
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(kcache + off));
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(vcache + off));
-            }
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(kcache + off));
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(vcache + off));
         }
     }
     pdl_wait();

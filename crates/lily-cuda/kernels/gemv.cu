@@ -15,34 +15,6 @@ extern "C" __global__ void __launch_bounds__(256, 3) gemv_kernel(const bf16* __r
     if (ok && lane == 0) y[row] = acc;
 }
 
-// The decode lm_head with the greedy choice fused in: logits y[N] = W x as in
-// gemv_kernel, and each block folds its rows below *valid into *best
-// (argmax_entry: largest logit, lowest id on a tie, NaN never) with one
-// atomicMax whose result nobody waits for; argmax_finish_kernel turns *best
-// into the id. This replaces a second pass over the 1 MB of logits by one
-// block after the step (~10 us). *valid is set by the host, never by a kernel
-// of the step, so it is read before the PDL wait.
-extern "C" __global__ void __launch_bounds__(256, 3) lm_head_argmax_kernel(const bf16* __restrict__ W, const bf16* __restrict__ x,
-                                                 float* __restrict__ y, int N, int K,
-                                                 const int* __restrict__ valid, u64* __restrict__ best) {
-    __shared__ u64 wb[8];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const long row = (long)blockIdx.x * (blockDim.x >> 5) + warp;
-    const bool ok = row < N;
-    const int nv = *valid;
-    const float acc = decode_dot(W + (ok ? row : 0) * K, DecodeIn{x, nullptr, nullptr, 0.f}, K, ok);
-    if (lane == 0) {
-        if (ok) y[row] = acc;
-        wb[warp] = ok && row < nv ? argmax_entry(acc, (unsigned)row) : 0ull;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        u64 m = wb[0];
-        for (int i = 1; i < (int)(blockDim.x >> 5); i++) m = wb[i] > m ? wb[i] : m;
-        if (m) atomicMax(best, m);
-    }
-}
-
 // f32 -> bf16 conversion of an activation buffer (inputs of the prefill GEMMs).
 extern "C" __global__ void to_bf16_kernel(const float* __restrict__ x, bf16* __restrict__ out, long n) {
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)

@@ -303,8 +303,41 @@ extern "C" __global__ void argmax_kernel(const float* __restrict__ logits, int V
     if (threadIdx.x == 0) out[0] = id;
 }
 
-// The end of a greedy decode step, after lm_head_argmax_kernel (gemv.cu) has
-// folded every logit into *best: the chosen id goes to next[0] (the token the
+// The greedy choice of a decode step over the logits the lm_head just wrote
+// (still in L2), spread over the grid: each thread folds a few float4 of
+// logits[0..*valid) into argmax_entry form, each block its maximum into *best
+// with one atomicMax nobody waits for (*best holds 0 before;
+// argmax_finish_kernel reads and clears it). One L2 round trip on every SM
+// instead of one block streaming the 1 MB of logits. Block 256 threads, any
+// grid. *valid is set by the host, so it is read before the PDL wait.
+extern "C" __global__ void argmax_blocks_kernel(const float* __restrict__ logits, const int* __restrict__ valid,
+                                                u64* __restrict__ best) {
+    const int nv = *valid;
+    pdl_wait();
+    pdl_trigger();
+    const long nt = (long)gridDim.x * blockDim.x, tid = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    const int n4 = nv >> 2;
+    u64 m = 0ull;
+    for (long j = tid; j < n4; j += nt) {
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(logits) + j);
+        const unsigned i = (unsigned)(4 * j);
+        u64 e = argmax_entry(v.x, i);
+        const u64 e1 = argmax_entry(v.y, i + 1), e2 = argmax_entry(v.z, i + 2), e3 = argmax_entry(v.w, i + 3);
+        e = e1 > e ? e1 : e;
+        e = e2 > e ? e2 : e;
+        e = e3 > e ? e3 : e;
+        m = e > m ? e : m;
+    }
+    for (long i = 4L * n4 + tid; i < nv; i += nt) {  // the last nv % 4
+        const u64 e = argmax_entry(__ldcg(logits + i), (unsigned)i);
+        m = e > m ? e : m;
+    }
+    m = smp_max_u64(m);
+    if (threadIdx.x == 0 && m) atomicMax(best, m);
+}
+
+// The end of a greedy decode step, after argmax_blocks_kernel has folded every
+// logit into *best: the chosen id goes to next[0] (the token the
 // next step feeds) and, when `host` is given (page-locked host memory mapped
 // for the device), to host[p & 1] for the step at position p, where the host
 // reads it while the next step already runs; the position advances by one (at

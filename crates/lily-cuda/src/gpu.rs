@@ -595,7 +595,7 @@ mod tests {
             "router_decode_kernel",
             "moe_gate_up_kernel",
             "moe_down_norm_kernel",
-            "lm_head_argmax_kernel",
+            "argmax_blocks_kernel",
             "argmax_finish_kernel",
         ];
         want.sort();

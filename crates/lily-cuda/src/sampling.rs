@@ -131,6 +131,78 @@ pub fn sample_into(
     )
 }
 
+/// The decode step's lm_head and its greedy choice: `y[n] = W[n, k] x`
+/// (bf16 W and x, f32 y; `gemv_kernel`), then the largest of `y[..*valid]`
+/// (lowest id on a tie, NaN never) folded into the u64 at `best`
+/// (`argmax_blocks_kernel`, one block per 256 x 4 logits up to 264 blocks),
+/// which must hold 0 before (`greedy_finish` clears it). `valid` is a device
+/// i32 the host sets (no kernel of the step writes it), at most n.
+#[allow(clippy::too_many_arguments)]
+pub fn greedy_lm_head(
+    gpu: &Gpu,
+    w: u64,
+    x: u64,
+    y: u64,
+    n: usize,
+    k: usize,
+    valid: u64,
+    best: u64,
+) -> Result<()> {
+    if n == 0 || n > i32::MAX as usize || k == 0 || !k.is_multiple_of(8) {
+        bail!("greedy lm_head: {n} rows of {k} (k a positive multiple of 8)");
+    }
+    if !y.is_multiple_of(16) {
+        bail!("greedy lm_head: the logits must be 16-byte aligned");
+    }
+    gpu.launch(
+        "gemv_kernel",
+        (n.div_ceil(8) as u32, 1, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::Ptr(w),
+            Arg::Ptr(x),
+            Arg::Ptr(y),
+            Arg::I32(n as i32),
+            Arg::I32(k as i32),
+        ],
+    )?;
+    gpu.launch(
+        "argmax_blocks_kernel",
+        (n.div_ceil(1024).min(264) as u32, 1, 1),
+        (256, 1, 1),
+        0,
+        &[Arg::Ptr(y), Arg::Ptr(valid), Arg::Ptr(best)],
+    )
+}
+
+/// After `greedy_lm_head` (`argmax_finish_kernel`): the chosen id into
+/// `next[0]` and, when `host` is non-zero (mapped host memory, two i32), into
+/// `host[p & 1]` for the step at position p = `pos[0]`; the position advanced
+/// to at most `max_pos`; `best` cleared.
+pub fn greedy_finish(
+    gpu: &Gpu,
+    best: u64,
+    next: u64,
+    pos: u64,
+    max_pos: usize,
+    host: u64,
+) -> Result<()> {
+    gpu.launch(
+        "argmax_finish_kernel",
+        (1, 1, 1),
+        (32, 1, 1),
+        0,
+        &[
+            Arg::Ptr(best),
+            Arg::Ptr(next),
+            Arg::Ptr(pos),
+            Arg::I32(max_pos.min(i32::MAX as usize) as i32),
+            Arg::Ptr(host),
+        ],
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

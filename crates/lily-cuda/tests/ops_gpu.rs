@@ -12,6 +12,7 @@ use lily_cpu::ops::conv::causal_conv1d_silu;
 use lily_cpu::ops::norm::{gated_rmsnorm, rmsnorm1p};
 use lily_cpu::ops::rope;
 use lily_cuda::gpu::Arg;
+use lily_cuda::sampling::{greedy_finish, greedy_lm_head};
 use lily_model::tensor::Procedural;
 use lily_model::DType;
 use support::{
@@ -516,14 +517,15 @@ fn moe_experts() {
     assert!(e1 < 8e-3, "moe experts, decode form: {e1}");
 }
 
-/// The decode step's fused lm_head and greedy choice (lm_head_argmax_kernel,
-/// then argmax_finish_kernel) against the host: the logits against an f64
+/// The decode step's lm_head and greedy choice (`greedy_lm_head`: gemv_kernel
+/// and argmax_blocks_kernel; `greedy_finish`: argmax_finish_kernel) against
+/// the host: the logits against an f64
 /// product of the same bf16 values (rel L2 1e-5: f32 sums reordered), the id
 /// exactly the host argmax of the kernel's own logits over the ids below
 /// `valid` (largest, lowest id on a tie, NaN never), the position advanced
 /// and held at `max_pos`, and the running maximum cleared for the next step.
 #[test]
-fn lm_head_argmax() {
+fn greedy_lm_head_and_finish() {
     let Some(g) = gpu() else { return };
     // N not a multiple of 8: the last block is partial
     let (n, k) = (40_003usize, 2048usize);
@@ -562,36 +564,8 @@ fn lm_head_argmax() {
         let xb = g.upload_new(&bf16_bits(&x)).unwrap();
         let y = g.alloc(n * 4).unwrap();
         g.upload(valid_buf.ptr, &[valid as i32]).unwrap();
-        g.launch(
-            "lm_head_argmax_kernel",
-            (n.div_ceil(8) as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(wb.ptr),
-                Arg::Ptr(xb.ptr),
-                Arg::Ptr(y.ptr),
-                Arg::I32(n as i32),
-                Arg::I32(k as i32),
-                Arg::Ptr(valid_buf.ptr),
-                Arg::Ptr(best.ptr),
-            ],
-        )
-        .unwrap();
-        g.launch(
-            "argmax_finish_kernel",
-            (1, 1, 1),
-            (32, 1, 1),
-            0,
-            &[
-                Arg::Ptr(best.ptr),
-                Arg::Ptr(next.ptr),
-                Arg::Ptr(pos.ptr),
-                Arg::I32(6),
-                Arg::Ptr(host_ids.dev),
-            ],
-        )
-        .unwrap();
+        greedy_lm_head(&g, wb.ptr, xb.ptr, y.ptr, n, k, valid_buf.ptr, best.ptr).unwrap();
+        greedy_finish(&g, best.ptr, next.ptr, pos.ptr, 6, host_ids.dev).unwrap();
         let yl = g.download::<f32>(y.ptr, n).unwrap();
         let want: Vec<f32> = (0..n)
             .map(|r| {

@@ -9,6 +9,7 @@ use super::bytes::{
 };
 use super::{CudaModel, CudaState};
 use crate::gpu::{Arg, DevBuf};
+use crate::sampling::{greedy_finish, greedy_lm_head};
 use crate::weights::{DevLayer, DevMixer};
 
 impl CudaModel {
@@ -497,37 +498,25 @@ impl CudaModel {
         let (d, v) = (self.cfg.hidden_size, self.cfg.vocab_size);
         let s = &self.s;
         debug_assert_eq!(self.w.lm_head.bytes, v * d * 2);
-        self.gpu.launch(
-            "lm_head_argmax_kernel",
-            (v.div_ceil(8) as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(self.w.lm_head.ptr),
-                Arg::Ptr(s.h.ptr),
-                Arg::Ptr(s.logits.ptr),
-                Arg::I32(v as i32),
-                Arg::I32(d as i32),
-                Arg::Ptr(s.valid.ptr),
-                Arg::Ptr(s.best.ptr),
-            ],
+        let g = &self.gpu;
+        greedy_lm_head(
+            g,
+            self.w.lm_head.ptr,
+            s.h.ptr,
+            s.logits.ptr,
+            v,
+            d,
+            s.valid.ptr,
+            s.best.ptr,
         )?;
-        self.gpu.launch(
-            "argmax_finish_kernel",
-            (1, 1, 1),
-            (32, 1, 1),
-            0,
-            &[
-                Arg::Ptr(s.best.ptr),
-                Arg::Ptr(s.next.ptr),
-                Arg::Ptr(s.pos.ptr),
-                Arg::I32(if advance {
-                    self.opts.max_seq as i32 - 1
-                } else {
-                    0
-                }),
-                Arg::Ptr(s.host_next.dev),
-            ],
+        let max_pos = if advance { self.opts.max_seq - 1 } else { 0 };
+        greedy_finish(
+            g,
+            s.best.ptr,
+            s.next.ptr,
+            s.pos.ptr,
+            max_pos,
+            s.host_next.dev,
         )?;
         self.mark("lm_head", (self.w.lm_head.bytes + v * 4) as u64)
     }

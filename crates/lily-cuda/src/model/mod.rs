@@ -150,6 +150,16 @@ pub struct CudaModel {
     state_ids: AtomicU64,
 }
 
+/// The decode attention's split count: `attention_decode_splits`' rule, or
+/// `LILY_ATTN_SPLITS` (1..=1024) to measure another.
+fn decode_splits(max_seq: usize) -> usize {
+    std::env::var("LILY_ATTN_SPLITS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .map(|n| n.clamp(1, crate::attention::ATTENTION_DECODE_MAX_SPLITS))
+        .unwrap_or_else(|| crate::attention::attention_decode_splits(max_seq))
+}
+
 /// Device memory a model needs, in bytes: (weights, per-sequence state, activations).
 pub fn memory_estimate(cfg: &Config, opts: &CudaOptions) -> (usize, usize, usize) {
     let t = opts.prefill_chunk;
@@ -193,11 +203,7 @@ pub fn memory_estimate(cfg: &Config, opts: &CudaOptions) -> (usize, usize, usize
         + (kk + 1) * fmax * 2
         + cfg.vocab_size * 4
         + crate::gdn::gdn_chunked_scratch_bytes(t, hv, dv)
-        + crate::attention::attention_decode_scratch_bytes(
-            hq,
-            dh,
-            crate::attention::attention_decode_splits(opts.max_seq),
-        )
+        + crate::attention::attention_decode_scratch_bytes(hq, dh, decode_splits(opts.max_seq))
         + grouped_bytes(cfg, t);
     (weight_bytes(cfg), state, act)
 }
@@ -251,7 +257,7 @@ impl CudaModel {
         };
         let dw = upload(&gpu, &cfg, w, &progress)?;
         let s = Self::scratch(&gpu, &cfg, &opts)?;
-        let att_splits = crate::attention::attention_decode_splits(opts.max_seq);
+        let att_splits = decode_splits(opts.max_seq);
         Ok(CudaModel {
             gpu,
             cfg,
@@ -322,7 +328,7 @@ impl CudaModel {
             att: gpu.alloc(crate::attention::attention_decode_scratch_bytes(
                 hq,
                 dh,
-                crate::attention::attention_decode_splits(o.max_seq),
+                decode_splits(o.max_seq),
             ))?,
             grouped: {
                 let (f, fs) = (
