@@ -249,7 +249,12 @@ mod tests {
             .find(|(f, _)| *f == "sampling")
             .unwrap()
             .1;
-        for name in ["argmax_kernel", "sample_kernel"] {
+        for name in [
+            "argmax_kernel",
+            "sample_kernel",
+            "argmax_blocks_kernel",
+            "argmax_finish_kernel",
+        ] {
             assert!(
                 src.contains(&format!("extern \"C\" __global__ void {name}(")),
                 "{name} not found by kernel_names()"

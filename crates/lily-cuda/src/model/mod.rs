@@ -3,7 +3,9 @@
 //! chunks of up to `prefill_chunk` tokens through cuBLAS GEMMs; decode (one
 //! token) uses Lily's matrix-vector kernels. Positions and token ids live in
 //! device memory, and a decode step allocates nothing and never waits on the
-//! host, so it can be captured in a CUDA graph.
+//! host, so it can be captured in a CUDA graph. The step also makes its
+//! greedy choice, feeds it to the next step and advances the position on the
+//! device, so greedy steps can be queued back to back (`decode_greedy_run`).
 
 mod bytes;
 mod layers;
