@@ -7,7 +7,7 @@ use super::bytes::{
     attention_core_bytes, attention_prep_bytes, gdn_conv_bytes, gdn_core_bytes, moe_expert_bytes,
     moe_gate_up_bytes,
 };
-use super::{CudaModel, CudaState};
+use super::{moe_dims, CudaModel, CudaState};
 use crate::gpu::{Arg, DevBuf};
 use crate::sampling::{greedy_finish, greedy_lm_head};
 use crate::weights::{DevLayer, DevMixer};
@@ -385,13 +385,7 @@ impl CudaModel {
     /// layer) runs in the down product's last block, into `s.h`.
     fn moe(&self, lw: &DevLayer, t: usize, final_norm: Option<&DevBuf>) -> Result<()> {
         let (cfg, g, s) = (&self.cfg, &self.gpu, &self.s);
-        let (d, e, k, f, fs) = (
-            cfg.hidden_size,
-            cfg.num_experts,
-            cfg.num_experts_per_tok,
-            cfg.moe_intermediate_size,
-            cfg.shared_expert_intermediate_size,
-        );
+        let (d, e, k, f, fs) = moe_dims(cfg);
         if t == 1 {
             g.launch(
                 "router_decode_kernel",
@@ -488,9 +482,8 @@ impl CudaModel {
         self.mark("lm_head", (self.w.lm_head.bytes + v * 4) as u64)
     }
 
-    /// Decode logits into `s.logits`: `layers(_, 1)` left the final-normed
-    /// hidden state in `s.h`.
-    /// The decode step's lm_head: logits, and the greedy choice among ids
+    /// The decode step's lm_head (`layers(_, 1)` left the final-normed hidden
+    /// state in `s.h`): logits into `s.logits`, and the greedy choice among ids
     /// below `s.valid` into `s.next` with `s.pos` advanced when `advance`
     /// (so the next step can be launched without the host touching either;
     /// a profiled step stays where it is).

@@ -111,15 +111,21 @@ struct Grouped {
     osh: DevBuf,     // [T, D] f32 shared expert output
 }
 
-/// Bytes of the grouped-GEMM MoE buffers for chunks of `t` tokens.
-fn grouped_bytes(cfg: &Config, t: usize) -> usize {
-    let (d, e, k, f, fs) = (
+/// The MoE sizes every expert launch needs: (hidden D, experts E, routed K,
+/// expert width F, shared expert width Fs).
+fn moe_dims(cfg: &Config) -> (usize, usize, usize, usize, usize) {
+    (
         cfg.hidden_size,
         cfg.num_experts,
         cfg.num_experts_per_tok,
         cfg.moe_intermediate_size,
         cfg.shared_expert_intermediate_size,
-    );
+    )
+}
+
+/// Bytes of the grouped-GEMM MoE buffers for chunks of `t` tokens.
+fn grouped_bytes(cfg: &Config, t: usize) -> usize {
+    let (d, e, k, f, fs) = moe_dims(cfg);
     let pairs = t * k;
     2 * e * 4
         + 2 * pairs * 4

@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 
-use super::CudaModel;
+use super::{moe_dims, CudaModel};
 use crate::gpu::Arg;
 use crate::weights::DevLayer;
 
@@ -15,13 +15,7 @@ impl CudaModel {
     pub(super) fn moe_grouped(&self, lw: &DevLayer, t: usize) -> Result<()> {
         let (cfg, g, s) = (&self.cfg, &self.gpu, &self.s);
         let gr = &s.grouped;
-        let (d, e, k, f, fs) = (
-            cfg.hidden_size,
-            cfg.num_experts,
-            cfg.num_experts_per_tok,
-            cfg.moe_intermediate_size,
-            cfg.shared_expert_intermediate_size,
-        );
+        let (d, e, k, f, fs) = moe_dims(cfg);
         let pairs = t * k;
         g.zero(gr.counts.ptr, e * 4)?;
         g.launch(

@@ -11,7 +11,7 @@ use lily_model::chat_template::RenderOptions;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-use super::sse::{error_frame, sse, Render};
+use super::sse::{failed, sse, usage_frame, Render};
 use super::{failure, finish_reason, random_id, read_json, unix_now, usage, App, AppState};
 use crate::api::{parse_chat, ChatRequest, ToolChoice};
 use crate::engine::{CancelGuard, Job, JobEvent, OutputMode, Piece, TokenLogprob};
@@ -250,21 +250,12 @@ fn chat_stream(
         Some(JobEvent::Done(o)) => {
             let mut frames = vec![chunk(json!({}), Some(&o.logprobs), Some(finish_reason(&o)))];
             if include_usage {
-                let mut u = serde_json::from_str::<Value>(&chunk(json!({}), None, None))
-                    .unwrap_or_default();
-                u["choices"] = json!([]);
-                u["usage"] = usage(&o);
-                frames.push(u.to_string());
+                frames.push(usage_frame(&chunk(json!({}), None, None), &o));
             }
             (frames, true)
         }
-        Some(JobEvent::Failed { message, shutdown }) => {
-            (vec![error_frame(&message, shutdown)], true)
-        }
-        None => (
-            vec![error_frame("the engine dropped the request", false)],
-            true,
-        ),
+        Some(JobEvent::Failed { message, shutdown }) => failed(Some((&message, shutdown))),
+        None => failed(None),
     });
     sse(rx, guard, first, render)
 }

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-use super::sse::{error_frame, sse, Render};
+use super::sse::{failed, sse, usage_frame, Render};
 use super::{failure, finish_reason, random_id, read_json, unix_now, usage, AppState};
 use crate::api::{parse_completion, CompletionRequest, Prompt};
 use crate::engine::{CancelGuard, Job, JobEvent, OutputMode, Piece, TokenLogprob};
@@ -198,21 +198,12 @@ fn completion_stream(
             let lp = want_lp.then(|| completion_logprobs(&o.logprobs, &mut offset));
             let mut frames = vec![chunk("", lp, Some(finish_reason(&o)))];
             if include_usage {
-                let mut u =
-                    serde_json::from_str::<Value>(&chunk("", None, None)).unwrap_or_default();
-                u["choices"] = json!([]);
-                u["usage"] = usage(&o);
-                frames.push(u.to_string());
+                frames.push(usage_frame(&chunk("", None, None), &o));
             }
             (frames, true)
         }
-        Some(JobEvent::Failed { message, shutdown }) => {
-            (vec![error_frame(&message, shutdown)], true)
-        }
-        None => (
-            vec![error_frame("the engine dropped the request", false)],
-            true,
-        ),
+        Some(JobEvent::Failed { message, shutdown }) => failed(Some((&message, shutdown))),
+        None => failed(None),
     });
     sse(rx, guard, first, render)
 }

@@ -13,7 +13,10 @@ use axum::response::{IntoResponse, Response};
 use futures_util::Stream;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::engine::{CancelGuard, JobEvent};
+use serde_json::{json, Value};
+
+use super::usage;
+use crate::engine::{CancelGuard, JobEvent, Outcome};
 use crate::error::ApiError;
 
 pub(super) fn error_frame(message: &str, shutdown: bool) -> String {
@@ -25,6 +28,22 @@ pub(super) fn error_frame(message: &str, shutdown: bool) -> String {
     let mut body = e.body();
     body["error"]["message"] = message.into();
     body.to_string()
+}
+
+/// The `include_usage` frame after the last chunk: `empty_chunk` (a chunk
+/// with no content) with no choices and the request's token counts.
+pub(super) fn usage_frame(empty_chunk: &str, o: &Outcome) -> String {
+    let mut u = serde_json::from_str::<Value>(empty_chunk).unwrap_or_default();
+    u["choices"] = json!([]);
+    u["usage"] = usage(o);
+    u.to_string()
+}
+
+/// The end of a stream the engine did not finish: its error (`None`: the
+/// engine dropped the request), as the payloads and "over" of a [`Render`].
+pub(super) fn failed(error: Option<(&str, bool)>) -> (Vec<String>, bool) {
+    let (message, shutdown) = error.unwrap_or(("the engine dropped the request", false));
+    (vec![error_frame(message, shutdown)], true)
 }
 
 /// Turns the events of one job into SSE `data:` payloads; `None` = the
