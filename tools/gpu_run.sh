@@ -167,6 +167,29 @@ splits)
       > "$out/bench-splits-$n.txt" 2>&1 && note "splits $n: $(tail -1 "$out/bench-splits-$n.txt")" || note "splits $n FAILED"
   done
   ;;
+ab)
+  # a change against the build before it, in one run: the GPU tests of this
+  # build, decode at 4k and 32k alternating between .carry/alt (the build
+  # before) and this one, this one's decode profile, then its logits against
+  # transformers (the floor mode's full-size check)
+  alt="$root/.carry/alt"
+  [ -f "$alt/bundle.tar.xz" ] && [ ! -x "$alt/lily" ] && (cd "$alt" && tar -xJf bundle.tar.xz)
+  for t in "$carry"/test-*; do
+    timeout 200 "$t" --test-threads 1 > "/tmp/$(basename "$t").log" 2>&1 \
+      && note "$(basename "$t"): $(grep -E '^test result' "/tmp/$(basename "$t").log" | tail -1)" \
+      || note "$(basename "$t"): FAILED: $(grep -E -A3 'panicked' "/tmp/$(basename "$t").log" | head -5 | tr '\n' ' ')"
+    { echo "==== $t"; cat "/tmp/$(basename "$t").log"; } >> "$out/tests.log"
+  done
+  for v in alt new alt new; do
+    bin="$lily"; [ "$v" = alt ] && bin="$alt/lily"
+    [ -x "$bin" ] || continue
+    timeout 150 "$bin" bench --device cuda --synthetic full --prompt-len 64 --context 4096,32768 --gen 128 --runs 3 \
+      > "$out/bench-ab-$v.txt" 2>&1 && note "$v: $(tail -2 "$out/bench-ab-$v.txt" | tr '\n' ' ' | sed 's/  */ /g')" || note "$v FAILED"
+  done
+  timeout 120 "$lily" bench --device cuda --synthetic full --prompt-len 64 --context 4096 --gen 32 --runs 1 --profile \
+    > "$out/bench-profile.txt" 2> "$out/bench-profile.log" && note "$(tail -14 "$out/bench-profile.txt")" || note "profile FAILED"
+  e2e full 1100 1050 "--hf-sdpa"
+  ;;
 side)
   # Lily and transformers on the same random weights, one after the other in
   # this run, then one table with the ratio (BENCHMARKS.md records it)
