@@ -190,6 +190,22 @@ ab)
     > "$out/bench-profile.txt" 2> "$out/bench-profile.log" && note "$(tail -14 "$out/bench-profile.txt")" || note "profile FAILED"
   e2e full 1100 1050 "--hf-sdpa"
   ;;
+variants)
+  # every build under .carry/variants/* (tools/build_variant.sh), decode at
+  # 4k and 32k, in turn, twice: builds compared in one run
+  names=()
+  for d in "$root"/.carry/variants/*/; do
+    [ -f "$d/bundle.tar.xz" ] || continue
+    [ -x "$d/lily" ] || (cd "$d" && tar -xJf bundle.tar.xz)
+    names+=("$(basename "$d")")
+  done
+  for round in 1 2; do
+    for n in "${names[@]}"; do
+      timeout 150 "$root/.carry/variants/$n/lily" bench --device cuda --synthetic full --prompt-len 64 --context 4096,32768 --gen 128 --runs 3 \
+        > "$out/bench-$n-$round.txt" 2>&1 && note "$n: $(tail -2 "$out/bench-$n-$round.txt" | tr '\n' ' ' | sed 's/  */ /g')" || note "$n FAILED"
+    done
+  done
+  ;;
 side)
   # Lily and transformers on the same random weights, one after the other in
   # this run, then one table with the ratio (BENCHMARKS.md records it)
