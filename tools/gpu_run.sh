@@ -14,9 +14,6 @@ mkdir -p "$out"
 # LILY_CARRY: another unpacked build (e.g. .carry/safe, a second bundle carried alongside)
 carry="${LILY_CARRY:-$root/.carry}"
 lily="$carry/lily"
-if [ -f "$carry/bundle.tar.xz" ] && [ ! -x "$lily" ]; then
-  (cd "$carry" && tar -xJf bundle.tar.xz)
-fi
 mode="${1:-check}"
 
 summary=()
@@ -24,6 +21,20 @@ note() { summary+=("$1"); }
 
 tokens_json() { # N -> file with N seeded token ids
   python3 -c "import json,random; random.seed(7); print(json.dumps([random.randrange(248077) for _ in range($1)]))" > "$2"
+}
+
+gpu_tests() { # every carried GPU test binary; logs in /tmp and $out/tests.log
+  for t in "$carry"/test-*; do
+    timeout 200 "$t" --test-threads 1 > "/tmp/$(basename "$t").log" 2>&1 \
+      && note "$(basename "$t"): $(grep -E '^test result' "/tmp/$(basename "$t").log" | tail -1)" \
+      || note "$(basename "$t"): FAILED: $(grep -E -A3 'panicked' "/tmp/$(basename "$t").log" | head -5 | tr '\n' ' ')"
+    { echo "==== $t"; cat "/tmp/$(basename "$t").log"; } >> "$out/tests.log"
+  done
+}
+
+unpack() { # DIR: its bundle.tar.xz unpacked once
+  [ -f "$1/bundle.tar.xz" ] && [ ! -x "$1/lily" ] && (cd "$1" && tar -xJf bundle.tar.xz)
+  return 0
 }
 
 e2e() { # NAME TOKENS DECODE_FROM [extra hf_compare args]
@@ -53,6 +64,8 @@ print(f\"e2e $name T=$n: all rel_l2 {r['all']['rel_l2']:.3e} top1 {r['all']['top
   fi
   rm -f "/tmp/lily-$name.safetensors"
 }
+
+unpack "$carry"
 
 case "$mode" in
 build)
@@ -135,12 +148,7 @@ recheck)
 iter)
   # one optimisation round: every GPU test, decode at 4k/32k with the
   # in-graph profile, and the step without programmatic dependent launch
-  for t in "$carry"/test-*; do
-    timeout 200 "$t" --test-threads 1 > "/tmp/$(basename "$t").log" 2>&1 \
-      && note "$(basename "$t"): $(grep -E '^test result' "/tmp/$(basename "$t").log" | tail -1)" \
-      || note "$(basename "$t"): FAILED: $(grep -E -A3 'panicked' "/tmp/$(basename "$t").log" | head -5 | tr '\n' ' ')"
-    { echo "==== $t"; cat "/tmp/$(basename "$t").log"; } >> "$out/tests.log"
-  done
+  gpu_tests
   grep -h "full4:" /tmp/test-*.log | head -2 | while read -r l; do note "$l"; done
   if grep -q "FAILED" /tmp/test-model_gpu.log 2>/dev/null; then
     LILY_PDL=0 timeout 200 .carry/test-model_gpu --test-threads 1 full4 > /tmp/nopdl.log 2>&1
@@ -173,13 +181,8 @@ ab)
   # before) and this one, this one's decode profile, then its logits against
   # transformers (the floor mode's full-size check)
   alt="$root/.carry/alt"
-  [ -f "$alt/bundle.tar.xz" ] && [ ! -x "$alt/lily" ] && (cd "$alt" && tar -xJf bundle.tar.xz)
-  for t in "$carry"/test-*; do
-    timeout 200 "$t" --test-threads 1 > "/tmp/$(basename "$t").log" 2>&1 \
-      && note "$(basename "$t"): $(grep -E '^test result' "/tmp/$(basename "$t").log" | tail -1)" \
-      || note "$(basename "$t"): FAILED: $(grep -E -A3 'panicked' "/tmp/$(basename "$t").log" | head -5 | tr '\n' ' ')"
-    { echo "==== $t"; cat "/tmp/$(basename "$t").log"; } >> "$out/tests.log"
-  done
+  unpack "$alt"
+  gpu_tests
   for v in alt new alt new; do
     bin="$lily"; [ "$v" = alt ] && bin="$alt/lily"
     [ -x "$bin" ] || continue
@@ -196,7 +199,7 @@ variants)
   names=()
   for d in "$root"/.carry/variants/*/; do
     [ -f "$d/bundle.tar.xz" ] || continue
-    [ -x "$d/lily" ] || (cd "$d" && tar -xJf bundle.tar.xz)
+    unpack "$d"
     names+=("$(basename "$d")")
   done
   for round in 1 2; do
