@@ -70,6 +70,40 @@ __device__ __forceinline__ void unpack8(uint4 v, float* out) {
 
 __device__ __forceinline__ void load8(const bf16* p, float* out) { unpack8(*reinterpret_cast<const uint4*>(p), out); }
 
+// A 16-byte load of a weight: read once a step, never written, so through the
+// non-coherent path. LILY_WEIGHT_LOAD (a define gpu.rs passes from
+// LILY_KERNEL_DEFINES, to measure the alternatives in one build) picks the
+// cache hints: 0 __ldg; 1 no L1 allocation; 2 that and the L2 line first in
+// line for eviction; 3 a 256-byte L2 fetch.
+#ifndef LILY_WEIGHT_LOAD
+#define LILY_WEIGHT_LOAD 0
+#endif
+__device__ __forceinline__ uint4 ld_weight16(const void* p) {
+#if LILY_WEIGHT_LOAD == 1
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+#elif LILY_WEIGHT_LOAD == 2
+    uint4 v;
+    unsigned long long pol;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p), "l"(pol));
+    return v;
+#elif LILY_WEIGHT_LOAD == 3
+    uint4 v;
+    asm volatile("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+#else
+    return __ldg(reinterpret_cast<const uint4*>(p));
+#endif
+}
+
 // load8 through L2 only (ld.global.cg): for data an earlier kernel of the
 // decode step wrote (see pdl_wait below).
 __device__ __forceinline__ void load8_cg(const bf16* p, float* out) {
@@ -258,7 +292,7 @@ __device__ __forceinline__ float prefetched_dot(const bf16* __restrict__ w, Deco
     uint4 r[NCH];
     if (ok) {
 #pragma unroll
-        for (int c = 0; c < NCH; c++) r[c] = __ldg(reinterpret_cast<const uint4*>(w + lane * 8 + 256 * c));
+        for (int c = 0; c < NCH; c++) r[c] = ld_weight16(w + lane * 8 + 256 * c);
     }
     float nw[NCH];
     norm_weights_pre(x, nw);

@@ -182,8 +182,8 @@ __device__ __forceinline__ void gate_up_dots(const bf16* __restrict__ g, const b
     if (ok) {
 #pragma unroll
         for (int c = 0; c < NCH; c++) {
-            rg[c] = __ldg(reinterpret_cast<const uint4*>(g + lane * 8 + 256 * c));
-            ru[c] = __ldg(reinterpret_cast<const uint4*>(u + lane * 8 + 256 * c));
+            rg[c] = ld_weight16(g + lane * 8 + 256 * c);
+            ru[c] = ld_weight16(u + lane * 8 + 256 * c);
         }
     }
     pdl_wait();  // (a no-op for a routed expert: its kernel waited for the id)
@@ -326,8 +326,8 @@ extern "C" __global__ void moe_down_norm_kernel(const bf16* __restrict__ h, cons
 #pragma unroll
             for (int slot = 0; slot < 9; slot++) {
                 const bf16* row = slot == 8 ? shared_down + (long)d * 512 : down + ((long)rt.idx[slot] * D + d) * 512;
-                r[slot][0] = __ldg(reinterpret_cast<const uint4*>(row + lane * 8));
-                r[slot][1] = __ldg(reinterpret_cast<const uint4*>(row + lane * 8 + 256));
+                r[slot][0] = ld_weight16(row + lane * 8);
+                r[slot][1] = ld_weight16(row + lane * 8 + 256);
             }
         }
         pdl_wait();

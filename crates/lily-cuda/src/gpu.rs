@@ -438,12 +438,15 @@ pub fn compile_kernels() -> Result<Vec<CompiledFile>> {
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         bail!("NVRTC (libnvrtc.so) was not found");
     }
+    let defines = kernel_defines()?;
     let mut out = Vec::new();
     for (file, src) in KERNEL_FILES {
         let source = src.replace("#include \"common.cuh\"", COMMON);
+        let mut options = vec!["-default-device".into(), "--std=c++17".into()];
+        options.extend(defines.iter().map(|d| format!("-D{d}")));
         let opts = cudarc::nvrtc::CompileOptions {
             arch: Some("sm_90a"),
-            options: vec!["-default-device".into(), "--std=c++17".into()],
+            options,
             name: Some(format!("{file}.cu")),
             ..Default::default()
         };
@@ -467,6 +470,28 @@ pub fn compile_kernels() -> Result<Vec<CompiledFile>> {
         out.push(CompiledFile { file, ptx, kernels });
     }
     Ok(out)
+}
+
+/// `LILY_KERNEL_DEFINES`: space-separated NAME=VALUE macros for every kernel
+/// file (the kernels' compile-time alternatives, e.g. `LILY_WEIGHT_LOAD=1`,
+/// so that one build can measure them in turn).
+fn kernel_defines() -> Result<Vec<String>> {
+    let Ok(v) = std::env::var("LILY_KERNEL_DEFINES") else {
+        return Ok(Vec::new());
+    };
+    v.split_whitespace()
+        .map(|d| {
+            let ok = d.split_once('=').is_some_and(|(n, val)| {
+                !n.is_empty()
+                    && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    && val.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            });
+            if !ok {
+                bail!("LILY_KERNEL_DEFINES: {d:?} is not NAME=VALUE (letters, digits, _)");
+            }
+            Ok(d.to_string())
+        })
+        .collect()
 }
 
 /// The kernels of a source file (common.cuh spliced in) that take part in
