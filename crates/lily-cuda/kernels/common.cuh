@@ -71,12 +71,14 @@ __device__ __forceinline__ void unpack8(uint4 v, float* out) {
 __device__ __forceinline__ void load8(const bf16* p, float* out) { unpack8(*reinterpret_cast<const uint4*>(p), out); }
 
 // A 16-byte load of a weight: read once a step, never written, so through the
-// non-coherent path. LILY_WEIGHT_LOAD (a define gpu.rs passes from
-// LILY_KERNEL_DEFINES, to measure the alternatives in one build) picks the
-// cache hints: 0 __ldg; 1 no L1 allocation; 2 that and the L2 line first in
-// line for eviction; 3 a 256-byte L2 fetch.
+// non-coherent path, and not kept in L1 (nothing reads it again; decode at
+// 32k measured 0.7% faster than with __ldg, BENCHMARKS.md, 7th session).
+// LILY_WEIGHT_LOAD (a define gpu.rs passes from LILY_KERNEL_DEFINES, to
+// measure the alternatives in one build) picks the cache hints: 0 __ldg;
+// 1 no L1 allocation (the default); 2 that and the L2 line first in line for
+// eviction; 3 a 256-byte L2 fetch (2.4% slower).
 #ifndef LILY_WEIGHT_LOAD
-#define LILY_WEIGHT_LOAD 0
+#define LILY_WEIGHT_LOAD 1
 #endif
 __device__ __forceinline__ uint4 ld_weight16(const void* p) {
 #if LILY_WEIGHT_LOAD == 1
