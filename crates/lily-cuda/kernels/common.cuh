@@ -72,11 +72,10 @@ __device__ __forceinline__ void load8(const bf16* p, float* out) { unpack8(*rein
 
 // A 16-byte load of a weight: read once a step, never written, so through the
 // non-coherent path, and not kept in L1 (nothing reads it again; decode at
-// 32k measured 0.7% faster than with __ldg, BENCHMARKS.md, 7th session).
-// LILY_WEIGHT_LOAD (a define gpu.rs passes from LILY_KERNEL_DEFINES, to
-// measure the alternatives in one build) picks the cache hints: 0 __ldg;
-// 1 no L1 allocation (the default); 2 that and the L2 line first in line for
-// eviction; 3 a 256-byte L2 fetch (2.4% slower).
+// 32k measured 0.7% faster than with __ldg, BENCHMARKS.md, 7th session, where
+// an L2 evict-first policy and a 256-byte L2 fetch measured no better).
+// LILY_WEIGHT_LOAD=0 (a define gpu.rs passes from LILY_KERNEL_DEFINES) gives
+// the plain __ldg back, to measure both in one build.
 #ifndef LILY_WEIGHT_LOAD
 #define LILY_WEIGHT_LOAD 1
 #endif
@@ -84,20 +83,6 @@ __device__ __forceinline__ uint4 ld_weight16(const void* p) {
 #if LILY_WEIGHT_LOAD == 1
     uint4 v;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-#elif LILY_WEIGHT_LOAD == 2
-    uint4 v;
-    unsigned long long pol;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p), "l"(pol));
-    return v;
-#elif LILY_WEIGHT_LOAD == 3
-    uint4 v;
-    asm volatile("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
     return v;
