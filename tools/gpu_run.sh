@@ -212,10 +212,10 @@ variants)
 envs)
   # one build under several settings (LILY_ENVS: settings separated by ';',
   # each a space-separated list of VAR=value), decode at 4k and 32k, in
-  # turn, twice; after every GPU test when LILY_TESTS=1
+  # turn, LILY_ROUNDS times (2); after every GPU test when LILY_TESTS=1
   [ "${LILY_TESTS:-0}" = 1 ] && gpu_tests
   IFS=';' read -r -a sets <<< "${LILY_ENVS:-LILY_PDL=1}"
-  for round in 1 2; do
+  for round in $(seq 1 "${LILY_ROUNDS:-2}"); do
     for e in "${sets[@]}"; do
       tag=$(echo "$e" | tr ' =' '_-')
       env $e timeout 150 "$lily" bench --device cuda --synthetic full --prompt-len 64 --context 4096,32768 --gen 128 --runs 3 \
