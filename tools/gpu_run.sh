@@ -32,6 +32,10 @@ gpu_tests() { # every carried GPU test binary; logs in /tmp and $out/tests.log
   done
 }
 
+decode_rows() { # FILE: a lily bench output's decode rows (every context) on one line
+  awk 'f && NF {print} / context +gen /{f=1}' "$1" | tr '\n' ' ' | sed 's/  */ /g'
+}
+
 unpack() { # DIR: its bundle.tar.xz unpacked once
   [ -f "$1/bundle.tar.xz" ] && [ ! -x "$1/lily" ] && (cd "$1" && tar -xJf bundle.tar.xz)
   return 0
@@ -187,7 +191,7 @@ ab)
     bin="$lily"; [ "$v" = alt ] && bin="$alt/lily"
     [ -x "$bin" ] || continue
     timeout 150 "$bin" bench --device cuda --synthetic full --prompt-len 64 --context 4096,32768 --gen 128 --runs 3 \
-      > "$out/bench-ab-$v.txt" 2>&1 && note "$v: $(tail -2 "$out/bench-ab-$v.txt" | tr '\n' ' ' | sed 's/  */ /g')" || note "$v FAILED"
+      > "$out/bench-ab-$v.txt" 2>&1 && note "$v: $(decode_rows "$out/bench-ab-$v.txt")" || note "$v FAILED"
   done
   timeout 120 "$lily" bench --device cuda --synthetic full --prompt-len 64 --context 4096 --gen 32 --runs 1 --profile \
     > "$out/bench-profile.txt" 2> "$out/bench-profile.log" && note "$(tail -14 "$out/bench-profile.txt")" || note "profile FAILED"
@@ -205,7 +209,7 @@ variants)
   for round in 1 2; do
     for n in "${names[@]}"; do
       timeout 150 "$root/.carry/variants/$n/lily" bench --device cuda --synthetic full --prompt-len 64 --context 4096,32768 --gen 128 --runs 3 \
-        > "$out/bench-$n-$round.txt" 2>&1 && note "$n: $(tail -2 "$out/bench-$n-$round.txt" | tr '\n' ' ' | sed 's/  */ /g')" || note "$n FAILED"
+        > "$out/bench-$n-$round.txt" 2>&1 && note "$n: $(decode_rows "$out/bench-$n-$round.txt")" || note "$n FAILED"
     done
   done
   ;;
@@ -220,7 +224,7 @@ envs)
     for e in "${sets[@]}"; do
       tag=$(echo "$e" | tr ' =' '_-')
       env $e timeout 150 "$lily" bench --device cuda --synthetic full --prompt-len 64 --context "${LILY_CONTEXTS:-4096,32768}" --gen 128 --runs 3 \
-        > "$out/bench-$tag-$round.txt" 2>&1 && note "$e: $(tail -2 "$out/bench-$tag-$round.txt" | tr '\n' ' ' | sed 's/  */ /g')" || note "$e FAILED: $(tail -2 "$out/bench-$tag-$round.txt")"
+        > "$out/bench-$tag-$round.txt" 2>&1 && note "$e: $(decode_rows "$out/bench-$tag-$round.txt")" || note "$e FAILED: $(tail -2 "$out/bench-$tag-$round.txt")"
     done
   done
   ;;
