@@ -190,6 +190,13 @@ __device__ __forceinline__ float conv4_silu(const float* w, const float* h, floa
 // z: [Hv*128]; w: [128] (gated-norm weight); S: [Hv, 128, 128] f32, 16-byte
 // aligned, updated in place; out: [Hv*128] bf16 =
 // bf16(w * (o * rsqrt(mean(o^2) + eps)) * silu(z)) per head.
+//
+// LILY_GDN_DIAG (timing diagnostics, wrong output, BENCHMARKS.md 9th session):
+// 6 the new state not stored; 7 return after the conv; 8 return after the
+// state store.
+#ifndef LILY_GDN_DIAG
+#define LILY_GDN_DIAG 0
+#endif
 extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_bounds__(GDN_DEC_THREADS)
     gdn_decode_kernel(const float* __restrict__ mixed, float* __restrict__ conv_state,
                       const float* __restrict__ conv_w, const float* __restrict__ ba,
@@ -231,6 +238,10 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
 #pragma unroll
         for (int i = 0; i < 4; i++) wv[i] = conv_w[cv * 4 + i];
     }
+    // the head's gate constants and the norm weight: constants, so before the
+    // wait too (after it they were one more round trip before the decay)
+    const float alog = a_log[j], dtb = dt_bias[j];
+    const float wcol = warp == 0 ? w[col0 + lane] : 0.f;
     // (the layer's own state and conv history: no earlier kernel of the step
     // writes them, so they stream in before the PDL wait, while the previous
     // kernel finishes)
@@ -249,6 +260,10 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
     qk_s[tid] = conv4_silu(wqk, hqk, xqk);
     if (warp == 0) v_s[lane] = conv4_silu(wv, hv, xv);
     __syncthreads();
+#if LILY_GDN_DIAG == 7
+    if (warp == 0) out[(long)j * GDN_DEC_DV + col0 + lane] = f2bf(qk_s[lane] + v_s[lane] + s[0].x + s[1].y + s[2].z + s[3].w);
+    return;
+#endif
 
     // 3. q, k of the key head: every warp computes the norms and k . q itself
     //    (lane holds elements 4 lane .. 4 lane + 3).
@@ -268,11 +283,11 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
     float vc = 0.f, wc = 0.f, zc = 0.f;
     if (warp == 0) {
         vc = v_s[lane];
-        wc = w[col0 + lane];
+        wc = wcol;
         zc = siluf_(zraw);
     }
     float beta = sigmoidf_(braw);
-    float decay = expf(-expf(a_log[j]) * softplusf_(araw + dt_bias[j]));
+    float decay = expf(-expf(alog) * softplusf_(araw + dtb));
     float ksq = warp_sum(k4.x * k4.x + k4.y * k4.y + k4.z * k4.z + k4.w * k4.w);
     float qsq = warp_sum(q4.x * q4.x + q4.y * q4.y + q4.z * q4.z + q4.w * q4.w);
     float kq = warp_sum(k4.x * q4.x + k4.y * q4.y + k4.z * q4.z + k4.w * q4.w);
@@ -329,15 +344,23 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
     }
     float4 d = make_float4(beta * (v4.x - u.x), beta * (v4.y - u.y), beta * (v4.z - u.z), beta * (v4.w - u.w));
 
-    // 4. S = Sd + k delta^T, stored as soon as delta is known.
+    // 4. S = Sd + k delta^T, stored as soon as delta is known, through L2
+    //    only (st.global.cg): with plain stores the 2 MB a layer cost ~1.4 us
+    //    more of the step (BENCHMARKS.md, 9th session).
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         s[i].x += kr[i] * d.x;
         s[i].y += kr[i] * d.y;
         s[i].z += kr[i] * d.z;
         s[i].w += kr[i] * d.w;
-        *reinterpret_cast<float4*>(Sj + (long)(32 * i + 4 * warp + rs) * GDN_DEC_DV) = s[i];
+#if LILY_GDN_DIAG == 6
+        if (s[i].x == 12345.f)
+#endif
+            __stcg(reinterpret_cast<float4*>(Sj + (long)(32 * i + 4 * warp + rs) * GDN_DEC_DV), s[i]);
     }
+#if LILY_GDN_DIAG == 8
+    return;
+#endif
 
     // 5. o = Sd^T q + delta (k . q) for the block's 32 columns: warp 0, lane = column.
     //    (Its delta is the same sum in the same order as the stored state's.)

@@ -160,15 +160,29 @@ struct Routing {
     int idx[8];
     float wts[9];
 };
+// LILY_MOE_DIAG (timing diagnostic, wrong output, BENCHMARKS.md 9th
+// session): fixed experts instead of the top-K in 1 both expert kernels, 2
+// the gate/up products only, 3 the down product only.
+#ifndef LILY_MOE_DIAG
+#define LILY_MOE_DIAG 0
+#endif
 __device__ __forceinline__ const Routing& route_block(const float* __restrict__ logits, int E, int K, bool weights) {
     __shared__ Routing r;
-    if (threadIdx.x < 32) topk_warp(logits, E, K, r.idx, weights ? r.wts : nullptr);
+    const bool fixed = LILY_MOE_DIAG == 1 || (LILY_MOE_DIAG == 2 && !weights) || (LILY_MOE_DIAG == 3 && weights);
+    if (fixed && threadIdx.x < 9) {
+        if (threadIdx.x < 8) r.idx[threadIdx.x] = (threadIdx.x * 37) % E;
+        r.wts[threadIdx.x] = 1.f / 9.f;
+    }
+    if (!fixed && threadIdx.x < 32) topk_warp(logits, E, K, r.idx, weights ? r.wts : nullptr);
     __syncthreads();
     return r;
 }
 
 // h[t, slot, f] = bf16(silu(gate . x) * (up . x)) for the token's K experts and
-// the shared one. Grid (ceil(max(F, Fs) / 8), K + 1, T), block 256 (a warp per f).
+// the shared one. Grid (ceil(max(F, Fs) / 8), K + 1, T), block 256 (a warp per
+// f); blockIdx.y 0 is the shared expert (slot K), 1.. the routed slots 0..: the
+// scheduler dispatches blocks in index order, so the shared expert's rows,
+// which need no routing, stream while the router runs (+0.4%, 9th session).
 // Both rows of a warp (NCH 16-byte chunks per lane each) are loaded at once,
 // before x is staged: the shared expert's before the PDL wait; a routed
 // expert's id is known only after it (the router is the kernel before), so
@@ -217,7 +231,7 @@ extern "C" __global__ void __launch_bounds__(256, 3)
                        int D, int F, int Fs, int K, const float* __restrict__ logits, int E) {
     int lane = threadIdx.x & 31;
     int f = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int slot = blockIdx.y;
+    int slot = blockIdx.y == 0 ? K : (int)blockIdx.y - 1;
     long t = blockIdx.z;
     bool shared = slot == K;
     int width = shared ? Fs : F;
@@ -319,13 +333,19 @@ extern "C" __global__ void moe_down_norm_kernel(const bf16* __restrict__ h, cons
     int d = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     bool ok = d < D;
+    const bool fixed = F == 512 && Fs == 512 && K == 8;
+    uint4 r[9][2];
+    // the shared expert's rows need no routing: in flight during the top-K
+    if (fixed && ok) {
+        r[8][0] = ld_weight16(shared_down + (long)d * 512 + lane * 8);
+        r[8][1] = ld_weight16(shared_down + (long)d * 512 + lane * 8 + 256);
+    }
     const Routing& rt = route_block(logits, E, K, true);
-    if (F == 512 && Fs == 512 && K == 8) {
-        uint4 r[9][2];
+    if (fixed) {
         if (ok) {
 #pragma unroll
-            for (int slot = 0; slot < 9; slot++) {
-                const bf16* row = slot == 8 ? shared_down + (long)d * 512 : down + ((long)rt.idx[slot] * D + d) * 512;
+            for (int slot = 0; slot < 8; slot++) {
+                const bf16* row = down + ((long)rt.idx[slot] * D + d) * 512;
                 r[slot][0] = ld_weight16(row + lane * 8);
                 r[slot][1] = ld_weight16(row + lane * 8 + 256);
             }

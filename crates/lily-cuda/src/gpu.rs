@@ -472,14 +472,16 @@ pub fn compile_kernels() -> Result<Vec<CompiledFile>> {
     Ok(out)
 }
 
-/// `LILY_KERNEL_DEFINES`: space-separated NAME=VALUE macros for every kernel
-/// file (the kernels' compile-time alternatives, e.g. `LILY_WEIGHT_LOAD=1`,
-/// so that one build can measure them in turn).
+/// `LILY_KERNEL_DEFINES`: NAME=VALUE macros for every kernel file, separated
+/// by spaces or commas (the kernels' compile-time alternatives, e.g.
+/// `LILY_WEIGHT_LOAD=1`, so that one build can measure them in turn; commas
+/// let `tools/gpu_run.sh envs` give several in one setting).
 fn kernel_defines() -> Result<Vec<String>> {
     let Ok(v) = std::env::var("LILY_KERNEL_DEFINES") else {
         return Ok(Vec::new());
     };
-    v.split_whitespace()
+    v.split(|c: char| c.is_whitespace() || c == ',')
+        .filter(|d| !d.is_empty())
         .map(|d| {
             let ok = d.split_once('=').is_some_and(|(n, val)| {
                 !n.is_empty()

@@ -109,17 +109,18 @@ fn gemv_and_gemm_match_the_cpu() {
 fn router_topk_matches_the_cpu() {
     let Some(g) = gpu() else { return };
     let (t, e, k) = (300usize, 256usize, 8usize);
-    // odd tokens: logits rounded to integers, so the top 8 hold exact ties
-    // (broken toward the lower expert id, as the CPU's stable sort does)
+    // Ties, broken toward the lower expert id as the CPU's stable sort does:
+    // tokens 1 mod 3 round the logits to integers (a few ties in the top 8),
+    // 2 mod 3 to multiples of 4 (dozens tie at the top, more candidates than a
+    // warp has lanes), token 4 is all zeros (all 256 tie).
     let logits: Vec<f32> = random(t * (e + 1), 99, 0.0, 3.0)
         .iter()
         .enumerate()
-        .map(|(i, v)| {
-            if (i / (e + 1)) % 2 == 1 {
-                v.round()
-            } else {
-                *v
-            }
+        .map(|(i, v)| match (i / (e + 1), i % (e + 1) == e) {
+            (4, false) => 0.0,
+            (ti, _) if ti % 3 == 1 => v.round(),
+            (ti, _) if ti % 3 == 2 => (v / 4.0).round() * 4.0,
+            _ => *v,
         })
         .collect();
     let lb = g.upload_new(&logits).unwrap();
