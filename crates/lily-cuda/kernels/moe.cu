@@ -382,6 +382,95 @@ extern "C" __global__ void moe_down_norm_kernel(const bf16* __restrict__ h, cons
     if (w1p) last_block_add_norm(x, nullptr, w1p, out, D, eps, counter);
 }
 
+// The down product for the released geometry (F = Fs = 512, K = 8), its
+// weights landing in shared memory by bulk copies (TMA) instead of registers.
+// Grid D / MOE_DT_ROWS, block MOE_DT_THREADS; dynamic shared memory
+// MOE_DT_SMEM bytes; D % MOE_DT_ROWS == 0.
+//
+// Why: the register form's blocks (124 registers x 256 threads) fit an SM
+// only once gate/up's blocks have left it, so its loads start after gate/up's
+// last wave, top-K and DRAM latency in series (~3 us a layer over its bytes).
+// This form holds its 144 KB of rows in shared memory, and 4 warps of 32
+// registers (4,096: what 3 gate/up blocks of 80 leave) plus ~153 KB (what they
+// leave of 228 KB) fit beside gate/up's blocks, so a block can run its top-K
+// and request all 9 experts' rows before the PDL wait, during gate/up's last
+// wave. Each block's 16 rows of an expert are one contiguous 16 KB range: 9
+// bulk copies, one mbarrier. Same sums in the same order as the register form
+// (lane covers elements 8 lane .. 8 lane + 7 and 256 + 8 lane ..), so the bits
+// match.
+#define MOE_DT_ROWS 16
+#define MOE_DT_THREADS 128
+#define MOE_DT_SMEM (9 * MOE_DT_ROWS * 1024 + 9 * 1024)
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+extern "C" __global__ void __launch_bounds__(MOE_DT_THREADS, 16)
+    moe_down_tma_kernel(const bf16* __restrict__ h, const bf16* __restrict__ down,
+                        const bf16* __restrict__ shared_down, const float* __restrict__ logits, int E,
+                        float* __restrict__ x, int D) {
+    extern __shared__ __align__(128) unsigned char moe_dt_smem[];
+    bf16* ws = reinterpret_cast<bf16*>(moe_dt_smem);                          // [9][ROWS][512]
+    bf16* hs = reinterpret_cast<bf16*>(moe_dt_smem + 9 * MOE_DT_ROWS * 1024);  // [9][512]
+    __shared__ __align__(8) u64 bar;
+    const int d0 = blockIdx.x * MOE_DT_ROWS;
+    const unsigned ba = smem_addr(&bar);
+    const unsigned rows_bytes = MOE_DT_ROWS * 1024;
+    if (threadIdx.x == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(ba) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(ba), "r"(9 * rows_bytes)
+                     : "memory");
+        // the shared expert's rows need no routing: requested first
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                         smem_addr(ws + 8 * MOE_DT_ROWS * 512)),
+                     "l"(shared_down + (long)d0 * 512), "r"(rows_bytes), "r"(ba)
+                     : "memory");
+    }
+    // the router's logits: written two kernels back, complete before gate/up
+    // let this kernel launch, so safe to read before the wait
+    const Routing& rt = route_block(logits, E, 8, true);
+    if (threadIdx.x == 0) {
+#pragma unroll 1
+        for (int k = 0; k < 8; k++)
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                             smem_addr(ws + k * MOE_DT_ROWS * 512)),
+                         "l"(down + ((long)rt.idx[k] * D + d0) * 512), "r"(rows_bytes), "r"(ba)
+                         : "memory");
+    }
+    pdl_wait();
+    pdl_trigger();
+    for (int i = threadIdx.x; i < 9 * 512 / 8; i += MOE_DT_THREADS)
+        reinterpret_cast<uint4*>(hs)[i] = __ldcg(reinterpret_cast<const uint4*>(h) + i);
+    __syncthreads();
+    unsigned done = 0;
+    while (!done)
+        asm volatile(
+            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
+            : "=r"(done)
+            : "r"(ba)
+            : "memory");
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll 1
+    for (int rr = 0; rr < MOE_DT_ROWS / (MOE_DT_THREADS / 32); rr++) {
+        const int r = warp * (MOE_DT_ROWS / (MOE_DT_THREADS / 32)) + rr;
+        float total = 0.f;
+#pragma unroll 1
+        for (int slot = 0; slot < 9; slot++) {
+            const uint4* wr = reinterpret_cast<const uint4*>(ws + (slot * MOE_DT_ROWS + r) * 512);
+            const uint4* hr = reinterpret_cast<const uint4*>(hs + slot * 512);
+            float acc = 0.f;
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                float a[8], b[8];
+                unpack8(wr[lane + 32 * c], a);
+                unpack8(hr[lane + 32 * c], b);
+#pragma unroll
+                for (int i = 0; i < 8; i++) acc += a[i] * b[i];
+            }
+            total += rt.wts[slot] * warp_sum(acc);
+        }
+        if (lane == 0) x[d0 + r] = __ldcg(x + d0 + r) + total;
+    }
+}
+
 // ---- Prefill: experts as grouped GEMMs ----
 // A chunk of T tokens makes T*K (token, slot) pairs. They are sorted by expert
 // (stable: in token order), each expert's rows are gathered into one block of
