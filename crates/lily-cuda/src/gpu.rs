@@ -101,6 +101,7 @@ impl Drop for DevBuf {
 }
 
 /// One argument of a kernel launch, kept alive until the launch call returns.
+#[derive(Clone, Copy)]
 pub enum Arg {
     Ptr(u64),
     I32(i32),

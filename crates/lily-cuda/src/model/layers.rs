@@ -459,21 +459,23 @@ impl CudaModel {
             ],
         )?;
         self.mark("moe gate/up", moe_gate_up_bytes(cfg))?;
+        // both down kernels start with these: h, the experts, the logits, x
+        let down_args = [
+            Arg::Ptr(s.moe_h.ptr),
+            Arg::Ptr(lw.down.ptr),
+            Arg::Ptr(lw.shared_down.ptr),
+            Arg::Ptr(s.rl.ptr),
+            Arg::I32(e as i32),
+            Arg::Ptr(s.x.ptr),
+            Arg::I32(d as i32),
+        ];
         if self.moe_down_tma && final_norm.is_none() {
             g.launch(
                 "moe_down_tma_kernel",
                 ((d / MOE_DOWN_TMA_ROWS) as u32, 1, 1),
                 (128, 1, 1),
                 MOE_DOWN_TMA_SMEM,
-                &[
-                    Arg::Ptr(s.moe_h.ptr),
-                    Arg::Ptr(lw.down.ptr),
-                    Arg::Ptr(lw.shared_down.ptr),
-                    Arg::Ptr(s.rl.ptr),
-                    Arg::I32(e as i32),
-                    Arg::Ptr(s.x.ptr),
-                    Arg::I32(d as i32),
-                ],
+                &down_args,
             )?;
             return self.mark("moe down", moe_expert_bytes(cfg) - moe_gate_up_bytes(cfg));
         }
@@ -484,21 +486,18 @@ impl CudaModel {
             (256, 1, 1),
             0,
             &[
-                Arg::Ptr(s.moe_h.ptr),
-                Arg::Ptr(lw.down.ptr),
-                Arg::Ptr(lw.shared_down.ptr),
-                Arg::Ptr(s.rl.ptr),
-                Arg::I32(e as i32),
-                Arg::Ptr(s.x.ptr),
-                Arg::I32(d as i32),
-                Arg::I32(f as i32),
-                Arg::I32(fs as i32),
-                Arg::I32(k as i32),
-                Arg::Ptr(final_norm.map_or(0, |n| n.ptr)),
-                Arg::Ptr(s.h.ptr),
-                Arg::F32(cfg.rms_norm_eps),
-                Arg::Ptr(s.counter.ptr),
-            ],
+                &down_args[..],
+                &[
+                    Arg::I32(f as i32),
+                    Arg::I32(fs as i32),
+                    Arg::I32(k as i32),
+                    Arg::Ptr(final_norm.map_or(0, |n| n.ptr)),
+                    Arg::Ptr(s.h.ptr),
+                    Arg::F32(cfg.rms_norm_eps),
+                    Arg::Ptr(s.counter.ptr),
+                ],
+            ]
+            .concat(),
         )?;
         self.mark("moe down", moe_expert_bytes(cfg) - moe_gate_up_bytes(cfg))
     }
