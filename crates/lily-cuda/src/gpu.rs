@@ -101,7 +101,6 @@ impl Drop for DevBuf {
 }
 
 /// One argument of a kernel launch, kept alive until the launch call returns.
-#[derive(Clone, Copy)]
 pub enum Arg {
     Ptr(u64),
     I32(i32),
@@ -273,34 +272,6 @@ impl Gpu {
         self.stream
             .synchronize()
             .map_err(|e| anyhow!("CUDA error: {e:?}"))
-    }
-
-    /// Let `name` use `dynamic` bytes of dynamic shared memory (past the 48 KB
-    /// default) and ask for the SM's largest shared-memory carve-out, so its
-    /// blocks can share an SM with another kernel's blocks that asked the same
-    /// (an SM runs blocks of one carve-out at a time).
-    pub fn prefer_shared(&self, name: &str, dynamic: u32) -> Result<()> {
-        use drv_sys::CUfunction_attribute as A;
-        let (f, _) = self
-            .funcs
-            .get(name)
-            .with_context(|| format!("no kernel named {name}"))?;
-        self.ctx.bind_to_thread()?;
-        if dynamic > 0 {
-            f.set_attribute(
-                A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                dynamic as i32,
-            )
-            .map_err(|e| anyhow!("{name}: {dynamic} bytes of shared memory: {e:?}"))?;
-        }
-        f.set_attribute(A::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
-            .map_err(|e| anyhow!("{name}: shared-memory carve-out: {e:?}"))?;
-        Ok(())
-    }
-
-    /// Every loaded kernel's name.
-    pub fn kernel_names(&self) -> Vec<String> {
-        self.funcs.keys().cloned().collect()
     }
 
     /// Launch `name` on the stream. Arguments in the kernel's order.
@@ -651,7 +622,6 @@ mod tests {
             "router_decode_kernel",
             "moe_gate_up_kernel",
             "moe_down_norm_kernel",
-            "moe_down_tma_kernel",
             "argmax_blocks_kernel",
             "argmax_finish_kernel",
         ];

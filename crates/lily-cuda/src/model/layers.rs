@@ -12,18 +12,6 @@ use crate::gpu::{Arg, DevBuf};
 use crate::sampling::{greedy_finish, greedy_lm_head};
 use crate::weights::{DevLayer, DevMixer};
 
-/// `moe_down_tma_kernel`'s rows a block (its MOE_DT_ROWS) and dynamic shared
-/// memory (MOE_DT_SMEM: 9 experts' rows, then the 9 staged h vectors).
-pub(super) const MOE_DOWN_TMA_ROWS: usize = 16;
-pub(super) const MOE_DOWN_TMA_SMEM: u32 = (9 * MOE_DOWN_TMA_ROWS * 1024 + 9 * 1024) as u32;
-
-/// The geometry `moe_down_tma_kernel` is compiled for: F = Fs = 512, K = 8,
-/// E <= 256 (one warp's top-K), D a multiple of its rows a block.
-pub(super) fn moe_down_tma_fits(cfg: &lily_model::Config) -> bool {
-    let (d, e, k, f, fs) = moe_dims(cfg);
-    f == 512 && fs == 512 && k == 8 && e <= 256 && d.is_multiple_of(MOE_DOWN_TMA_ROWS)
-}
-
 impl CudaModel {
     /// y[T, N] f32 = x[T, K] bf16 . W[N, K]^T: Lily's GEMV for one token, cuBLAS otherwise.
     fn linear(&self, x: u64, w: &DevBuf, y: u64, t: usize, n: usize, k: usize) -> Result<()> {
@@ -459,26 +447,6 @@ impl CudaModel {
             ],
         )?;
         self.mark("moe gate/up", moe_gate_up_bytes(cfg))?;
-        // both down kernels start with these: h, the experts, the logits, x
-        let down_args = [
-            Arg::Ptr(s.moe_h.ptr),
-            Arg::Ptr(lw.down.ptr),
-            Arg::Ptr(lw.shared_down.ptr),
-            Arg::Ptr(s.rl.ptr),
-            Arg::I32(e as i32),
-            Arg::Ptr(s.x.ptr),
-            Arg::I32(d as i32),
-        ];
-        if self.moe_down_tma && final_norm.is_none() {
-            g.launch(
-                "moe_down_tma_kernel",
-                ((d / MOE_DOWN_TMA_ROWS) as u32, 1, 1),
-                (128, 1, 1),
-                MOE_DOWN_TMA_SMEM,
-                &down_args,
-            )?;
-            return self.mark("moe down", moe_expert_bytes(cfg) - moe_gate_up_bytes(cfg));
-        }
         // one decode token: the final RMSNorm fused into the last down product
         g.launch(
             "moe_down_norm_kernel",
@@ -486,18 +454,21 @@ impl CudaModel {
             (256, 1, 1),
             0,
             &[
-                &down_args[..],
-                &[
-                    Arg::I32(f as i32),
-                    Arg::I32(fs as i32),
-                    Arg::I32(k as i32),
-                    Arg::Ptr(final_norm.map_or(0, |n| n.ptr)),
-                    Arg::Ptr(s.h.ptr),
-                    Arg::F32(cfg.rms_norm_eps),
-                    Arg::Ptr(s.counter.ptr),
-                ],
-            ]
-            .concat(),
+                Arg::Ptr(s.moe_h.ptr),
+                Arg::Ptr(lw.down.ptr),
+                Arg::Ptr(lw.shared_down.ptr),
+                Arg::Ptr(s.rl.ptr),
+                Arg::I32(e as i32),
+                Arg::Ptr(s.x.ptr),
+                Arg::I32(d as i32),
+                Arg::I32(f as i32),
+                Arg::I32(fs as i32),
+                Arg::I32(k as i32),
+                Arg::Ptr(final_norm.map_or(0, |n| n.ptr)),
+                Arg::Ptr(s.h.ptr),
+                Arg::F32(cfg.rms_norm_eps),
+                Arg::Ptr(s.counter.ptr),
+            ],
         )?;
         self.mark("moe down", moe_expert_bytes(cfg) - moe_gate_up_bytes(cfg))
     }

@@ -148,9 +148,6 @@ pub struct CudaModel {
     ablate: std::sync::Mutex<Option<crate::profile::Ablation>>,
     /// key-range splits of the decode attention (fixed by max_seq, so the graph holds)
     att_splits: usize,
-    /// Decode's down product by `moe_down_tma_kernel` (weights into shared
-    /// memory by bulk copies; the released geometry only). `LILY_MOE_DOWN_TMA`.
-    moe_down_tma: bool,
     /// What `s.pos` and `s.valid` hold on the device (-1: unknown). A decode
     /// step advances `s.pos` itself, so consecutive steps upload nothing.
     dev_pos: AtomicI64,
@@ -269,17 +266,6 @@ impl CudaModel {
         let dw = upload(&gpu, &cfg, w, &progress)?;
         let s = Self::scratch(&gpu, &cfg, &opts)?;
         let att_splits = decode_splits(opts.max_seq);
-        let tma = std::env::var("LILY_MOE_DOWN_TMA").unwrap_or_default();
-        let moe_down_tma = (tma == "1" || tma == "2") && layers::moe_down_tma_fits(&cfg);
-        if moe_down_tma {
-            if tma == "2" {
-                for name in gpu.kernel_names() {
-                    gpu.prefer_shared(&name, 0)?;
-                }
-            }
-            gpu.prefer_shared("moe_down_tma_kernel", layers::MOE_DOWN_TMA_SMEM)?;
-            gpu.prefer_shared("moe_gate_up_kernel", 0)?;
-        }
         Ok(CudaModel {
             gpu,
             cfg,
@@ -290,7 +276,6 @@ impl CudaModel {
             prof_pos: std::sync::atomic::AtomicUsize::new(0),
             ablate: std::sync::Mutex::new(None),
             att_splits,
-            moe_down_tma,
             dev_pos: AtomicI64::new(-1),
             dev_valid: AtomicI64::new(-1),
             next_owner: AtomicU64::new(0),
