@@ -33,11 +33,15 @@ extern "C" __global__ void add_kernel(float* __restrict__ x, const float* __rest
 // Saves launches in the decode graph, where each costs a dependency gap.
 // With w1p non-null the input is the mixer's input RMSNorm of the residual
 // stream xf [K] f32, computed by each block (stage_input), and x is unused.
+// Block 0 also zeroes clear[0, nclear) after its PDL wait: a decode layer's
+// first kernel resets the MoE's RouteSlot (moe.cu) once every reader of the
+// previous layer's has completed.
 extern "C" __global__ void gemv3_kernel(const bf16* __restrict__ x, int K,
                                         const bf16* __restrict__ W0, float* __restrict__ y0, int N0,
                                         const bf16* __restrict__ W1, float* __restrict__ y1, int N1,
                                         const bf16* __restrict__ W2, float* __restrict__ y2, int N2,
-                                        const float* __restrict__ xf, const float* __restrict__ w1p, float eps) {
+                                        const float* __restrict__ xf, const float* __restrict__ w1p, float eps,
+                                        unsigned long long* __restrict__ clear, int nclear) {
     int lane = threadIdx.x & 31;
     long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const bf16* W;
@@ -58,6 +62,8 @@ extern "C" __global__ void gemv3_kernel(const bf16* __restrict__ x, int K,
     }
     float acc = decode_dot_k<8>(W + (ok ? row : 0) * K, DecodeIn{x, xf, w1p, eps}, K, ok);
     if (ok && lane == 0) y[row] = acc;
+    // (decode_dot_k has passed the PDL wait)
+    if (clear && blockIdx.x == 0 && (int)threadIdx.x < nclear) clear[threadIdx.x] = 0ull;
 }
 
 // Decode output projection of a mixer with the residual add and the

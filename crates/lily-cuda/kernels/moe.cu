@@ -66,8 +66,10 @@ __device__ __forceinline__ void topk8_warp(float* v, int* id) {
 // read through L2 (__ldcg): in the fused decode kernel other blocks wrote
 // them, and an SM's L1 may still hold last step's lines.
 __device__ void topk_warp(const float* __restrict__ l, int E, int K, int* __restrict__ idx,
-                          float* __restrict__ wts) {
+                          float* __restrict__ wts, const unsigned long long* __restrict__ taken = nullptr) {
     int lane = threadIdx.x & 31;
+    // ids another block already published (RouteSlot::ids8), requested with the logits
+    const unsigned long long ids8 = taken ? __ldcg(taken) : 0ull;
     // each lane's experts lane, lane + 32, ... read once, kept in registers
     float v[8];
     int ids[8];
@@ -75,6 +77,10 @@ __device__ void topk_warp(const float* __restrict__ l, int E, int K, int* __rest
     for (int s = 0; s < 8; s++) {
         ids[s] = lane + 32 * s;
         v[s] = ids[s] < E ? __ldcg(l + ids[s]) : -LILY_INF;
+    }
+    if (ids8) {  // (the same value in every lane: one 64-bit store wrote it)
+        if (lane < K) idx[lane] = (int)((ids8 >> (8 * lane)) & 255ull);
+        return;
     }
     if (!wts) {  // the ids alone (the gate/up products need no weights)
         topk8_warp(v, ids);
@@ -160,20 +166,91 @@ struct Routing {
     int idx[8];
     float wts[9];
 };
+
+// One MoE layer's routing, published once in global memory (decode, D = 2048):
+// gate/up block (0, 1) computes it with weights after its PDL wait and
+// publishes it before its trigger, so by the time the down product's blocks
+// run it is (almost always) there, and they skip their own top-K, which is in
+// the step's chain: their 126-register blocks become resident only as gate/up's
+// leave. `flag` is stored with release semantics after the rest; readers
+// acquire it. The layer's first kernel (gemv3_kernel, after its PDL wait:
+// every reader of the previous layer has completed) zeroes flag and ids8.
+// ids8 packs idx one byte each (E <= 256; never 0 once published: K >= 2
+// distinct ids).
+struct RouteSlot {
+    unsigned flag;
+    unsigned pad;
+    unsigned long long ids8;
+    int idx[8];
+    float wts[9];
+};
+#ifndef ROUTE_SLOT_SPINS
+#define ROUTE_SLOT_SPINS 32
+#endif
+// GU_TAKE=1: gate/up's other routed blocks use ids8 when it is already
+// published (read with the logits) instead of their own top-K.
+#ifndef GU_TAKE
+#define GU_TAKE 0
+#endif
+
+__device__ __forceinline__ unsigned ld_acquire_u32(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_release_u32(unsigned* p, unsigned v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Thread 0 of the block that computed r: the routing, then the flag.
+__device__ __forceinline__ void route_publish(RouteSlot* __restrict__ slot, const Routing& r, int K) {
+    unsigned long long ids8 = 0;
+    for (int k = 0; k < K; k++) {
+        slot->idx[k] = r.idx[k];
+        slot->wts[k] = r.wts[k];
+        ids8 |= (unsigned long long)r.idx[k] << (8 * k);
+    }
+    slot->wts[K] = r.wts[K];
+    slot->ids8 = ids8;
+    st_release_u32(&slot->flag, 1u);
+}
+
+// Warp 0: the published routing into r if its flag is seen within the spins
+// (every lane acquires it itself), else false.
+__device__ __forceinline__ bool route_take(const RouteSlot* __restrict__ slot, Routing& r, int K) {
+    const int lane = threadIdx.x & 31;
+    bool seen = false;
+    for (int i = 0; i < ROUTE_SLOT_SPINS; i++) {
+        seen = __all_sync(0xffffffffu, ld_acquire_u32(&slot->flag) != 0u);
+        if (seen) break;
+        __nanosleep(64);
+    }
+    if (!seen) return false;
+    if (lane < K) r.idx[lane] = __ldcg(slot->idx + lane);
+    if (lane <= K) r.wts[lane] = __ldcg(slot->wts + lane);
+    return true;
+}
+
 // LILY_MOE_DIAG (timing diagnostic, wrong output, BENCHMARKS.md 9th
 // session): fixed experts instead of the top-K in 1 both expert kernels, 2
 // the gate/up products only, 3 the down product only.
 #ifndef LILY_MOE_DIAG
 #define LILY_MOE_DIAG 0
 #endif
-__device__ __forceinline__ const Routing& route_block(const float* __restrict__ logits, int E, int K, bool weights) {
+// `down`: called by the down product (for the diagnostic); `slot`: take the
+// published routing from it when there (down), `taken`: the published ids
+// (gate/up under GU_TAKE).
+__device__ __forceinline__ const Routing& route_block(const float* __restrict__ logits, int E, int K, bool weights,
+                                                      bool down, const RouteSlot* __restrict__ slot = nullptr,
+                                                      const unsigned long long* __restrict__ taken = nullptr) {
     __shared__ Routing r;
-    const bool fixed = LILY_MOE_DIAG == 1 || (LILY_MOE_DIAG == 2 && !weights) || (LILY_MOE_DIAG == 3 && weights);
+    const bool fixed = LILY_MOE_DIAG == 1 || (LILY_MOE_DIAG == 2 && !down) || (LILY_MOE_DIAG == 3 && down);
     if (fixed && threadIdx.x < 9) {
         if (threadIdx.x < 8) r.idx[threadIdx.x] = (threadIdx.x * 37) % E;
         r.wts[threadIdx.x] = 1.f / 9.f;
     }
-    if (!fixed && threadIdx.x < 32) topk_warp(logits, E, K, r.idx, weights ? r.wts : nullptr);
+    if (!fixed && threadIdx.x < 32 && !(slot && route_take(slot, r, K)))
+        topk_warp(logits, E, K, r.idx, weights ? r.wts : nullptr, taken);
     __syncthreads();
     return r;
 }
@@ -228,7 +305,8 @@ __device__ __forceinline__ void gate_up_dots(const bf16* __restrict__ g, const b
 extern "C" __global__ void __launch_bounds__(256, 3)
     moe_gate_up_kernel(const bf16* __restrict__ x, const bf16* __restrict__ gate_up,
                        const bf16* __restrict__ shared_gate_up, const int* __restrict__ idx, bf16* __restrict__ h,
-                       int D, int F, int Fs, int K, const float* __restrict__ logits, int E) {
+                       int D, int F, int Fs, int K, const float* __restrict__ logits, int E,
+                       RouteSlot* __restrict__ route) {
     int lane = threadIdx.x & 31;
     int f = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int slot = blockIdx.y == 0 ? K : (int)blockIdx.y - 1;
@@ -243,7 +321,17 @@ extern "C" __global__ void __launch_bounds__(256, 3)
         const bf16* base = shared_gate_up;
         if (!shared) {
             pdl_wait();
-            const long e = logits ? route_block(logits, E, K, false).idx[slot] : __ldcg(idx + t * K + slot);
+            long e;
+            if (logits) {
+                // block (0, 1) publishes the routing (with weights) for the down product
+                const bool publish = route && blockIdx.x == 0 && slot == 0 && t == 0;
+                const unsigned long long* taken = GU_TAKE && route && !publish ? &route->ids8 : nullptr;
+                const Routing& r = route_block(logits, E, K, publish, false, nullptr, taken);
+                if (publish && threadIdx.x == 0) route_publish(route, r, K);
+                e = r.idx[slot];
+            } else {
+                e = __ldcg(idx + t * K + slot);
+            }
             base = gate_up + e * 2 * F * D;
         }
         const bf16* g = base + (long)(ok ? f : 0) * D;
@@ -251,7 +339,7 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     } else {
         pdl_wait();
         pdl_trigger();
-        const long e = shared ? 0 : logits ? route_block(logits, E, K, false).idx[slot] : __ldcg(idx + t * K + slot);
+        const long e = shared ? 0 : logits ? route_block(logits, E, K, false, false).idx[slot] : __ldcg(idx + t * K + slot);
         if (!ok) return;
         const bf16* base = shared ? shared_gate_up : gate_up + e * 2 * F * D;
         const bf16* g = base + (long)f * D;
@@ -329,7 +417,8 @@ extern "C" __global__ void moe_down_norm_kernel(const bf16* __restrict__ h, cons
                                                 const bf16* __restrict__ shared_down,
                                                 const float* __restrict__ logits, int E, float* __restrict__ x,
                                                 int D, int F, int Fs, int K, const float* __restrict__ w1p,
-                                                bf16* __restrict__ out, float eps, unsigned* __restrict__ counter) {
+                                                bf16* __restrict__ out, float eps, unsigned* __restrict__ counter,
+                                                const RouteSlot* __restrict__ route) {
     int d = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     bool ok = d < D;
@@ -340,7 +429,7 @@ extern "C" __global__ void moe_down_norm_kernel(const bf16* __restrict__ h, cons
         r[8][0] = ld_weight16(shared_down + (long)d * 512 + lane * 8);
         r[8][1] = ld_weight16(shared_down + (long)d * 512 + lane * 8 + 256);
     }
-    const Routing& rt = route_block(logits, E, K, true);
+    const Routing& rt = route_block(logits, E, K, true, true, route);
     if (fixed) {
         if (ok) {
 #pragma unroll

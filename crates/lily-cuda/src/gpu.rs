@@ -268,6 +268,11 @@ impl Gpu {
         self.skip.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Whether launches are being dropped now (`set_skip`).
+    pub fn skipping(&self) -> bool {
+        self.skip.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub fn sync(&self) -> Result<()> {
         self.stream
             .synchronize()

@@ -185,6 +185,7 @@ fn full4_forward_matches_the_cpu() {
         max_seq: 4096,
         prefill_chunk: 64, // several prefill chunks
         graphs: true,
+        ..CudaOptions::default()
     };
     let mut m = CudaModel::load(g, cfg, &w, opts, false).unwrap();
     let mut st = m.new_state().unwrap();
@@ -446,10 +447,15 @@ fn gemv3_matches_the_cpu() {
                 Arg::I32(ns[i] as i32),
             ]);
         }
+        // a decode layer's first kernel also zeroes the MoE route slot's first
+        // two words (block 0, after its wait): filled with ones here
+        let slot = g.upload_new(&[u64::MAX; 4]).unwrap();
         args.extend([
             Arg::Ptr(xfb.ptr),
             Arg::Ptr(if normed { wpb.ptr } else { 0 }),
             Arg::F32(eps),
+            Arg::Ptr(if normed { slot.ptr } else { 0 }),
+            Arg::I32(2),
         ]);
         let rows: usize = ns.iter().sum();
         g.launch(
@@ -460,6 +466,13 @@ fn gemv3_matches_the_cpu() {
             &args,
         )
         .unwrap();
+        let words: Vec<u64> = g.download(slot.ptr, 4).unwrap();
+        let cleared = if normed {
+            [0, 0, u64::MAX, u64::MAX]
+        } else {
+            [u64::MAX; 4]
+        };
+        assert_eq!(words, cleared, "route slot clear (normed: {normed})");
         for i in 0..3 {
             let got: Vec<f32> = g.download(ys[i].ptr, ns[i]).unwrap();
             let want = linear(&x, 1, &ws[i]);

@@ -378,8 +378,9 @@ fn moe_experts() {
         g.alloc(t * (k + 1) * f.max(fs) * 2).unwrap(),
     );
     // gate/up for `tokens` rows of x, routed by idx, or (one token) by the
-    // router's logits when `logits` is non-zero
-    let gate_up = |tokens: usize, idx: u64, logits: u64| {
+    // router's logits when `logits` is non-zero, publishing the routing into
+    // the route slot `route` when that is non-zero
+    let gate_up = |tokens: usize, idx: u64, logits: u64, route: u64| {
         g.launch(
             "moe_gate_up_kernel",
             (f.max(fs).div_ceil(8) as u32, (k + 1) as u32, tokens as u32),
@@ -397,11 +398,12 @@ fn moe_experts() {
                 Arg::I32(k as i32),
                 Arg::Ptr(logits),
                 Arg::I32(e as i32),
+                Arg::Ptr(route),
             ],
         )
         .unwrap()
     };
-    gate_up(t, ib.ptr, 0);
+    gate_up(t, ib.ptr, 0, 0);
     g.launch(
         "moe_down_kernel",
         (d.div_ceil(8) as u32, t as u32, 1),
@@ -473,31 +475,38 @@ fn moe_experts() {
         g.alloc(4).unwrap(),
     );
     g.zero(counter.ptr, 4).unwrap();
-    gate_up(1, 0, lb.ptr); // no idx: routing from the logits
-    g.launch(
-        "moe_down_norm_kernel",
-        (d.div_ceil(8) as u32, 1, 1),
-        (256, 1, 1),
-        0,
-        &[
-            Arg::Ptr(hb.ptr),
-            Arg::Ptr(dn.ptr),
-            Arg::Ptr(sdn.ptr),
-            Arg::Ptr(lb.ptr),
-            Arg::I32(e as i32),
-            Arg::Ptr(r1.ptr),
-            Arg::I32(d as i32),
-            Arg::I32(f as i32),
-            Arg::I32(fs as i32),
-            Arg::I32(k as i32),
-            Arg::Ptr(0), // no norm: x += the experts' sum
-            Arg::Ptr(0),
-            Arg::F32(1e-6),
-            Arg::Ptr(counter.ptr),
-        ],
-    )
-    .unwrap();
-    let got1: Vec<f32> = g.download(r1.ptr, d).unwrap();
+    // the down product of the decode form into a fresh copy of the residual;
+    // with `route` non-zero it takes the routing from that slot when published
+    let down1 = |route: u64| {
+        g.upload(r1.ptr, &resid[..d]).unwrap();
+        g.launch(
+            "moe_down_norm_kernel",
+            (d.div_ceil(8) as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(hb.ptr),
+                Arg::Ptr(dn.ptr),
+                Arg::Ptr(sdn.ptr),
+                Arg::Ptr(lb.ptr),
+                Arg::I32(e as i32),
+                Arg::Ptr(r1.ptr),
+                Arg::I32(d as i32),
+                Arg::I32(f as i32),
+                Arg::I32(fs as i32),
+                Arg::I32(k as i32),
+                Arg::Ptr(0), // no norm: x += the experts' sum
+                Arg::Ptr(0),
+                Arg::F32(1e-6),
+                Arg::Ptr(counter.ptr),
+                Arg::Ptr(route),
+            ],
+        )
+        .unwrap();
+        g.download::<f32>(r1.ptr, d).unwrap()
+    };
+    gate_up(1, 0, lb.ptr, 0); // no idx: routing from the logits
+    let got1 = down1(0);
     let route = lily_cpu::ops::moe::route(&logits[..e], k, DType::F32);
     let sg = 1.0 / (1.0 + (-logits[e]).exp());
     let mut want1 = vec![0f32; d];
@@ -515,6 +524,51 @@ fn moe_experts() {
     let e1 = rel_l2(&delta1, &want1);
     // a wrong expert (a tie broken the other way) would give an O(1) error
     assert!(e1 < 8e-3, "moe experts, decode form: {e1}");
+
+    // The route slot (moe.cu RouteSlot, 128 bytes as u32 words: flag, pad,
+    // ids8 (2 words), idx [8], wts [9]): gate/up's block (0, 1) publishes the
+    // routing it computed; it must be the CPU's (ids in order, weights), and
+    // the down product taking it must give the same sums as its own top-K.
+    let slot = g.alloc(128).unwrap();
+    g.zero(slot.ptr, 128).unwrap();
+    gate_up(1, 0, lb.ptr, slot.ptr);
+    let words: Vec<u32> = g.download(slot.ptr, 32).unwrap();
+    assert_eq!(words[0], 1, "route slot flag");
+    let ids8 = words[2] as u64 | (words[3] as u64) << 32;
+    for (i, &(ex, wt)) in route.iter().enumerate() {
+        assert_eq!(words[4 + i] as usize, ex, "published expert {i}");
+        assert_eq!((ids8 >> (8 * i)) & 255, ex as u64, "packed expert {i}");
+        let w = f32::from_bits(words[12 + i]);
+        assert!((w - wt).abs() < 1e-6, "published weight {i}: {w} vs {wt}");
+    }
+    let w = f32::from_bits(words[12 + k]);
+    assert!((w - sg).abs() < 1e-6, "published shared gate: {w} vs {sg}");
+    // (the same top-K code in both kernels: equal up to the last bits)
+    let close = |a: &[f32], what: &str| {
+        let e = rel_l2(a, &got1);
+        assert!(e < 1e-6, "{what}: {e}");
+    };
+    close(
+        &down1(slot.ptr),
+        "down product from the published routing vs its own top-K",
+    );
+    // an unpublished slot (flag 0): the down product falls back to its own top-K
+    g.zero(slot.ptr, 8).unwrap();
+    close(&down1(slot.ptr), "down product's fallback");
+    // a published slot is obeyed: its weights doubled double the experts' sum
+    let mut doubled = words.clone();
+    for i in 0..=k {
+        doubled[12 + i] = (2.0 * f32::from_bits(words[12 + i])).to_bits();
+    }
+    g.upload(slot.ptr, &doubled).unwrap();
+    let got2 = down1(slot.ptr);
+    let delta2: Vec<f32> = got2.iter().zip(&resid).map(|(a, b)| a - b).collect();
+    let twice: Vec<f32> = delta1.iter().map(|v| 2.0 * v).collect();
+    let e2 = rel_l2(&delta2, &twice);
+    assert!(
+        e2 < 1e-5,
+        "down product with the slot's doubled weights: {e2}"
+    );
 }
 
 /// The decode step's lm_head and greedy choice (`greedy_lm_head`: gemv_kernel

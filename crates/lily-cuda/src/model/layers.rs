@@ -59,10 +59,18 @@ impl CudaModel {
             debug_assert_eq!(w.bytes, n * k * 2);
             args.extend([Arg::Ptr(w.ptr), Arg::Ptr(y), Arg::I32(n as i32)]);
         }
+        // the layer's first decode kernel: it resets the MoE's route slot
+        let clear = if self.opts.route_slot {
+            self.s.route.ptr
+        } else {
+            0
+        };
         args.extend([
             Arg::Ptr(self.s.x.ptr),
             Arg::Ptr(norm.ptr),
             Arg::F32(self.cfg.rms_norm_eps),
+            Arg::Ptr(clear),
+            Arg::I32(2), // RouteSlot's flag word and ids8
         ]);
         self.gpu.launch(
             "gemv3_kernel",
@@ -427,6 +435,13 @@ impl CudaModel {
             return self.mark("moe experts", moe_expert_bytes(cfg));
         }
         let fmax = f.max(fs);
+        // The routing published by gate/up for down (the D = 2048 path); not
+        // when gate/up's launch is dropped (ablation), leaving nothing to take.
+        let route = if self.opts.route_slot && d == 2048 && !g.skipping() {
+            s.route.ptr
+        } else {
+            0
+        };
         g.launch(
             "moe_gate_up_kernel",
             (fmax.div_ceil(8) as u32, (k + 1) as u32, 1),
@@ -444,6 +459,7 @@ impl CudaModel {
                 Arg::I32(k as i32),
                 Arg::Ptr(s.rl.ptr), // each block routes from the logits
                 Arg::I32(e as i32),
+                Arg::Ptr(route),
             ],
         )?;
         self.mark("moe gate/up", moe_gate_up_bytes(cfg))?;
@@ -468,6 +484,7 @@ impl CudaModel {
                 Arg::Ptr(s.h.ptr),
                 Arg::F32(cfg.rms_norm_eps),
                 Arg::Ptr(s.counter.ptr),
+                Arg::Ptr(route),
             ],
         )?;
         self.mark("moe down", moe_expert_bytes(cfg) - moe_gate_up_bytes(cfg))

@@ -32,6 +32,10 @@ pub struct CudaOptions {
     /// launch instead of ~400); off only to measure what the graph saves
     /// (`LILY_CUDA_GRAPH=0`)
     pub graphs: bool,
+    /// One MoE layer's routing computed once and published by a gate/up block
+    /// for the down product's blocks (moe.cu `RouteSlot`); off
+    /// (`LILY_ROUTE_SLOT=0`) each down block takes the top-K itself
+    pub route_slot: bool,
 }
 
 impl Default for CudaOptions {
@@ -40,6 +44,9 @@ impl Default for CudaOptions {
             max_seq: 32_768,
             prefill_chunk: 4096,
             graphs: std::env::var("LILY_CUDA_GRAPH")
+                .map(|v| v != "0")
+                .unwrap_or(true),
+            route_slot: std::env::var("LILY_ROUTE_SLOT")
                 .map(|v| v != "0")
                 .unwrap_or(true),
         }
@@ -68,6 +75,9 @@ struct StepGraph(cudarc::driver::CudaGraph);
 // are serialised, which `&mut CudaState` guarantees.
 unsafe impl Send for StepGraph {}
 
+/// Bytes of moe.cu's `RouteSlot` (84), rounded to a line.
+const ROUTE_SLOT_BYTES: usize = 128;
+
 /// Activation buffers for up to `prefill_chunk` tokens.
 struct Scratch {
     ids: DevBuf,                       // [T] i32
@@ -92,6 +102,7 @@ struct Scratch {
     host_next: crate::gpu::HostMapped, // [2] i32 each step's choice, in slot pos & 1, for the host
     valid: DevBuf, // [1] i32 ids below this are eligible for the in-step greedy choice
     counter: DevBuf, // [1] u32 blocks done, for kernels whose last block finishes the job
+    route: DevBuf, // [128 B] a decode MoE layer's published routing (moe.cu RouteSlot)
     gdn: DevBuf,  // per-chunk records of the chunked GDN prefill
     att: DevBuf,  // split-K partials of the decode attention
     grouped: Grouped,
@@ -331,6 +342,11 @@ impl CudaModel {
                 let c = gpu.alloc(4)?;
                 gpu.zero(c.ptr, 4)?;
                 c
+            },
+            route: {
+                let r = gpu.alloc(ROUTE_SLOT_BYTES)?;
+                gpu.zero(r.ptr, ROUTE_SLOT_BYTES)?;
+                r
             },
             gdn: gpu.alloc(crate::gdn::gdn_chunked_scratch_bytes(t, hv, dv))?,
             att: gpu.alloc(crate::attention::attention_decode_scratch_bytes(
