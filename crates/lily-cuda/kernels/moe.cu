@@ -66,10 +66,8 @@ __device__ __forceinline__ void topk8_warp(float* v, int* id) {
 // read through L2 (__ldcg): in the fused decode kernel other blocks wrote
 // them, and an SM's L1 may still hold last step's lines.
 __device__ void topk_warp(const float* __restrict__ l, int E, int K, int* __restrict__ idx,
-                          float* __restrict__ wts, const unsigned long long* __restrict__ taken = nullptr) {
+                          float* __restrict__ wts) {
     int lane = threadIdx.x & 31;
-    // ids another block already published (RouteSlot::ids8), requested with the logits
-    const unsigned long long ids8 = taken ? __ldcg(taken) : 0ull;
     // each lane's experts lane, lane + 32, ... read once, kept in registers
     float v[8];
     int ids[8];
@@ -77,10 +75,6 @@ __device__ void topk_warp(const float* __restrict__ l, int E, int K, int* __rest
     for (int s = 0; s < 8; s++) {
         ids[s] = lane + 32 * s;
         v[s] = ids[s] < E ? __ldcg(l + ids[s]) : -LILY_INF;
-    }
-    if (ids8) {  // (the same value in every lane: one 64-bit store wrote it)
-        if (lane < K) idx[lane] = (int)((ids8 >> (8 * lane)) & 255ull);
-        return;
     }
     if (!wts) {  // the ids alone (the gate/up products need no weights)
         topk8_warp(v, ids);
@@ -174,23 +168,16 @@ struct Routing {
 // the step's chain: their 126-register blocks become resident only as gate/up's
 // leave. `flag` is stored with release semantics after the rest; readers
 // acquire it. The layer's first kernel (gemv3_kernel, after its PDL wait:
-// every reader of the previous layer has completed) zeroes flag and ids8.
-// ids8 packs idx one byte each (E <= 256; never 0 once published: K >= 2
-// distinct ids).
+// every reader of the previous layer has completed) zeroes the flag's word.
+// (tests/ops_gpu.rs moe_experts reads this layout; the host allocates 128 bytes)
 struct RouteSlot {
     unsigned flag;
     unsigned pad;
-    unsigned long long ids8;
     int idx[8];
     float wts[9];
 };
 #ifndef ROUTE_SLOT_SPINS
 #define ROUTE_SLOT_SPINS 32
-#endif
-// GU_TAKE=1: gate/up's other routed blocks use ids8 when it is already
-// published (read with the logits) instead of their own top-K.
-#ifndef GU_TAKE
-#define GU_TAKE 0
 #endif
 
 __device__ __forceinline__ unsigned ld_acquire_u32(const unsigned* p) {
@@ -204,14 +191,11 @@ __device__ __forceinline__ void st_release_u32(unsigned* p, unsigned v) {
 
 // Thread 0 of the block that computed r: the routing, then the flag.
 __device__ __forceinline__ void route_publish(RouteSlot* __restrict__ slot, const Routing& r, int K) {
-    unsigned long long ids8 = 0;
     for (int k = 0; k < K; k++) {
         slot->idx[k] = r.idx[k];
         slot->wts[k] = r.wts[k];
-        ids8 |= (unsigned long long)r.idx[k] << (8 * k);
     }
     slot->wts[K] = r.wts[K];
-    slot->ids8 = ids8;
     st_release_u32(&slot->flag, 1u);
 }
 
@@ -238,11 +222,9 @@ __device__ __forceinline__ bool route_take(const RouteSlot* __restrict__ slot, R
 #define LILY_MOE_DIAG 0
 #endif
 // `down`: called by the down product (for the diagnostic); `slot`: take the
-// published routing from it when there (down), `taken`: the published ids
-// (gate/up under GU_TAKE).
+// published routing from it when there (down).
 __device__ __forceinline__ const Routing& route_block(const float* __restrict__ logits, int E, int K, bool weights,
-                                                      bool down, const RouteSlot* __restrict__ slot = nullptr,
-                                                      const unsigned long long* __restrict__ taken = nullptr) {
+                                                      bool down, const RouteSlot* __restrict__ slot = nullptr) {
     __shared__ Routing r;
     const bool fixed = LILY_MOE_DIAG == 1 || (LILY_MOE_DIAG == 2 && !down) || (LILY_MOE_DIAG == 3 && down);
     if (fixed && threadIdx.x < 9) {
@@ -250,7 +232,7 @@ __device__ __forceinline__ const Routing& route_block(const float* __restrict__ 
         r.wts[threadIdx.x] = 1.f / 9.f;
     }
     if (!fixed && threadIdx.x < 32 && !(slot && route_take(slot, r, K)))
-        topk_warp(logits, E, K, r.idx, weights ? r.wts : nullptr, taken);
+        topk_warp(logits, E, K, r.idx, weights ? r.wts : nullptr);
     __syncthreads();
     return r;
 }
@@ -323,10 +305,10 @@ extern "C" __global__ void __launch_bounds__(256, 3)
             pdl_wait();
             long e;
             if (logits) {
-                // block (0, 1) publishes the routing (with weights) for the down product
-                const bool publish = route && blockIdx.x == 0 && slot == 0 && t == 0;
-                const unsigned long long* taken = GU_TAKE && route && !publish ? &route->ids8 : nullptr;
-                const Routing& r = route_block(logits, E, K, publish, false, nullptr, taken);
+                // block (0, 1) publishes the routing (with weights) for the down
+                // product (not under the gate/up-only diagnostic: down routes itself)
+                const bool publish = LILY_MOE_DIAG != 2 && route && blockIdx.x == 0 && slot == 0 && t == 0;
+                const Routing& r = route_block(logits, E, K, publish, false);
                 if (publish && threadIdx.x == 0) route_publish(route, r, K);
                 e = r.idx[slot];
             } else {
@@ -406,7 +388,8 @@ extern "C" __global__ void moe_down_kernel(const bf16* __restrict__ h, const bf1
 
 // Decode (one token): moe_down_kernel with the RMSNorm that feeds the next
 // layer's mixer (or the lm_head) fused into its last block: out = norm(x) * w1p.
-// The routing is computed by the block from the router's logits [E + 1]
+// The routing is taken from `route` (RouteSlot, D = 2048) where gate/up
+// published it, else computed by the block from the router's logits [E + 1]
 // (route_block); the router completed before the previous kernel (gate/up)
 // passed its own wait, and so before this kernel could launch, so this runs
 // before the PDL wait. F = Fs = 512 (the released geometry; other widths
@@ -429,7 +412,8 @@ extern "C" __global__ void moe_down_norm_kernel(const bf16* __restrict__ h, cons
         r[8][0] = ld_weight16(shared_down + (long)d * 512 + lane * 8);
         r[8][1] = ld_weight16(shared_down + (long)d * 512 + lane * 8 + 256);
     }
-    const Routing& rt = route_block(logits, E, K, true, true, route);
+    // (gate/up publishes only on its D = 2048 path)
+    const Routing& rt = route_block(logits, E, K, true, true, D == 2048 ? route : nullptr);
     if (fixed) {
         if (ok) {
 #pragma unroll

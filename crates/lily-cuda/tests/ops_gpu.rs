@@ -526,22 +526,21 @@ fn moe_experts() {
     assert!(e1 < 8e-3, "moe experts, decode form: {e1}");
 
     // The route slot (moe.cu RouteSlot, 128 bytes as u32 words: flag, pad,
-    // ids8 (2 words), idx [8], wts [9]): gate/up's block (0, 1) publishes the
-    // routing it computed; it must be the CPU's (ids in order, weights), and
-    // the down product taking it must give the same sums as its own top-K.
+    // idx [8] from word 2, wts [9] from word 10): gate/up's block (0, 1)
+    // publishes the routing it computed; it must be the CPU's (ids in order,
+    // weights), and the down product taking it must give the same sums as its
+    // own top-K.
     let slot = g.alloc(128).unwrap();
     g.zero(slot.ptr, 128).unwrap();
     gate_up(1, 0, lb.ptr, slot.ptr);
     let words: Vec<u32> = g.download(slot.ptr, 32).unwrap();
     assert_eq!(words[0], 1, "route slot flag");
-    let ids8 = words[2] as u64 | (words[3] as u64) << 32;
     for (i, &(ex, wt)) in route.iter().enumerate() {
-        assert_eq!(words[4 + i] as usize, ex, "published expert {i}");
-        assert_eq!((ids8 >> (8 * i)) & 255, ex as u64, "packed expert {i}");
-        let w = f32::from_bits(words[12 + i]);
+        assert_eq!(words[2 + i] as usize, ex, "published expert {i}");
+        let w = f32::from_bits(words[10 + i]);
         assert!((w - wt).abs() < 1e-6, "published weight {i}: {w} vs {wt}");
     }
-    let w = f32::from_bits(words[12 + k]);
+    let w = f32::from_bits(words[10 + k]);
     assert!((w - sg).abs() < 1e-6, "published shared gate: {w} vs {sg}");
     // (the same top-K code in both kernels: equal up to the last bits)
     let close = |a: &[f32], what: &str| {
@@ -558,7 +557,7 @@ fn moe_experts() {
     // a published slot is obeyed: its weights doubled double the experts' sum
     let mut doubled = words.clone();
     for i in 0..=k {
-        doubled[12 + i] = (2.0 * f32::from_bits(words[12 + i])).to_bits();
+        doubled[10 + i] = (2.0 * f32::from_bits(words[10 + i])).to_bits();
     }
     g.upload(slot.ptr, &doubled).unwrap();
     let got2 = down1(slot.ptr);

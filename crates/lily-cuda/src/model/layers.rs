@@ -65,12 +65,14 @@ impl CudaModel {
         } else {
             0
         };
+        self.route_cleared
+            .store(!self.gpu.skipping(), std::sync::atomic::Ordering::Relaxed);
         args.extend([
             Arg::Ptr(self.s.x.ptr),
             Arg::Ptr(norm.ptr),
             Arg::F32(self.cfg.rms_norm_eps),
             Arg::Ptr(clear),
-            Arg::I32(2), // RouteSlot's flag word and ids8
+            Arg::I32(1), // RouteSlot's flag word
         ]);
         self.gpu.launch(
             "gemv3_kernel",
@@ -388,9 +390,11 @@ impl CudaModel {
 
     /// The MoE block. A decode token's router norms the residual stream
     /// itself (`post_norm`, every block) and writes the normed input to `s.h`
-    /// for the gate/up products; each block of the expert kernels takes the
-    /// top-K of the router's logits itself; `final_norm` (after the last
-    /// layer) runs in the down product's last block, into `s.h`.
+    /// for the gate/up products; each gate/up block takes the top-K of the
+    /// router's logits itself, and one publishes it with the weights in the
+    /// route slot for the down product's blocks (`CudaOptions::route_slot`);
+    /// `final_norm` (after the last layer) runs in the down product's last
+    /// block, into `s.h`.
     fn moe(&self, lw: &DevLayer, t: usize, final_norm: Option<&DevBuf>) -> Result<()> {
         let (cfg, g, s) = (&self.cfg, &self.gpu, &self.s);
         let (d, e, k, f, fs) = moe_dims(cfg);
@@ -436,8 +440,12 @@ impl CudaModel {
         }
         let fmax = f.max(fs);
         // The routing published by gate/up for down (the D = 2048 path); not
-        // when gate/up's launch is dropped (ablation), leaving nothing to take.
-        let route = if self.opts.route_slot && d == 2048 && !g.skipping() {
+        // when gate/up's launch or the layer's clear (the mixer's first
+        // launch) is dropped (ablation), leaving nothing or a stale slot.
+        let cleared = self
+            .route_cleared
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let route = if self.opts.route_slot && d == 2048 && cleared && !g.skipping() {
             s.route.ptr
         } else {
             0

@@ -75,7 +75,7 @@ struct StepGraph(cudarc::driver::CudaGraph);
 // are serialised, which `&mut CudaState` guarantees.
 unsafe impl Send for StepGraph {}
 
-/// Bytes of moe.cu's `RouteSlot` (84), rounded to a line.
+/// Bytes of moe.cu's `RouteSlot` (76), rounded to a line.
 const ROUTE_SLOT_BYTES: usize = 128;
 
 /// Activation buffers for up to `prefill_chunk` tokens.
@@ -167,6 +167,9 @@ pub struct CudaModel {
     /// feeds it from there without an upload; `state_ids` numbers the states from 1.
     next_owner: AtomicU64,
     state_ids: AtomicU64,
+    /// Whether the current layer's first decode launch (which clears the
+    /// route slot) was recorded, i.e. not dropped by an ablation capture.
+    route_cleared: std::sync::atomic::AtomicBool,
 }
 
 /// The decode attention's split count: `attention_decode_splits`' rule, or
@@ -291,6 +294,7 @@ impl CudaModel {
             dev_valid: AtomicI64::new(-1),
             next_owner: AtomicU64::new(0),
             state_ids: AtomicU64::new(1),
+            route_cleared: Default::default(),
         })
     }
 
