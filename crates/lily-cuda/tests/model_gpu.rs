@@ -447,8 +447,8 @@ fn gemv3_matches_the_cpu() {
                 Arg::I32(ns[i] as i32),
             ]);
         }
-        // a decode layer's first kernel also zeroes the MoE route slot's first
-        // two words (block 0, after its wait): filled with ones here
+        // block 0 also zeroes clear[0, nclear) after its wait (a decode layer's
+        // first kernel resets the MoE route slot): two of four words of ones here
         let slot = g.upload_new(&[u64::MAX; 4]).unwrap();
         args.extend([
             Arg::Ptr(xfb.ptr),

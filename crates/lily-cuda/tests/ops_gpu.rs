@@ -471,7 +471,7 @@ fn moe_experts() {
         .collect();
     let (lb, r1, counter) = (
         g.upload_new(&logits).unwrap(),
-        g.upload_new(&resid[..d]).unwrap(),
+        g.alloc(d * 4).unwrap(), // the residual, filled by each down1
         g.alloc(4).unwrap(),
     );
     g.zero(counter.ptr, 4).unwrap();
