@@ -217,13 +217,16 @@ envs)
   # one build under several settings (LILY_ENVS: settings separated by ';',
   # each a space-separated list of VAR=value), decode at LILY_CONTEXTS
   # (4096,32768), in turn, LILY_ROUNDS times (2); after every GPU test when
-  # LILY_TESTS=1
+  # LILY_TESTS=1. A setting's LILY_BIN=PATH runs another carried build
+  # (e.g. .carry/variants/NAME/lily, unpacked here).
   [ "${LILY_TESTS:-0}" = 1 ] && gpu_tests
+  for d in "$root"/.carry/variants/*/; do unpack "$d"; done
   IFS=';' read -r -a sets <<< "${LILY_ENVS:-LILY_PDL=1}"
   for round in $(seq 1 "${LILY_ROUNDS:-2}"); do
     for e in "${sets[@]}"; do
-      tag=$(echo "$e" | tr ' =' '_-')
-      env $e timeout 150 "$lily" bench --device cuda --synthetic full --prompt-len 64 --context "${LILY_CONTEXTS:-4096,32768}" --gen 128 --runs 3 \
+      tag=$(echo "$e" | tr ' =/' '_.-')
+      bin=$(printf '%s\n' $e | sed -n 's/^LILY_BIN=//p')
+      env $e timeout 150 "${bin:-$lily}" bench --device cuda --synthetic full --prompt-len 64 --context "${LILY_CONTEXTS:-4096,32768}" --gen 128 --runs 3 \
         > "$out/bench-$tag-$round.txt" 2>&1 && note "$e: $(decode_rows "$out/bench-$tag-$round.txt")" || note "$e FAILED: $(tail -2 "$out/bench-$tag-$round.txt")"
     done
   done

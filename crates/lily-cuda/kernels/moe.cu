@@ -162,10 +162,11 @@ struct Routing {
 };
 
 // One MoE layer's routing, published once in global memory (decode, D = 2048):
-// gate/up block (0, 1) computes it with weights after its PDL wait and
-// publishes it before its trigger, so by the time the down product's blocks
-// run it is (almost always) there, and they skip their own top-K, which is in
-// the step's chain: their 126-register blocks become resident only as gate/up's
+// gate/up block (0, 1) computes it with weights after its PDL wait, and its
+// warp 0 publishes it right after the top-K, before the block's barrier and
+// so before its trigger; by the time the down product's blocks run it is
+// (almost always) there, and they skip their own top-K, which is in the
+// step's chain: their 126-register blocks become resident only as gate/up's
 // leave. `flag` is stored with release semantics after the rest; readers
 // acquire it. The layer's first kernel (gemv3_kernel, after its PDL wait:
 // every reader of the previous layer has completed) zeroes the flag's word.
@@ -189,14 +190,15 @@ __device__ __forceinline__ void st_release_u32(unsigned* p, unsigned v) {
     asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-// Thread 0 of the block that computed r: the routing, then the flag.
+// Warp 0 of the block that has just computed r (after a __syncwarp): lane i
+// stores value i, then lane 0 the flag with release semantics (the warp
+// barrier orders the other lanes' stores before it).
 __device__ __forceinline__ void route_publish(RouteSlot* __restrict__ slot, const Routing& r, int K) {
-    for (int k = 0; k < K; k++) {
-        slot->idx[k] = r.idx[k];
-        slot->wts[k] = r.wts[k];
-    }
-    slot->wts[K] = r.wts[K];
-    st_release_u32(&slot->flag, 1u);
+    const int lane = threadIdx.x & 31;
+    if (lane < K) slot->idx[lane] = r.idx[lane];
+    if (lane <= K) slot->wts[lane] = r.wts[lane];
+    __syncwarp();
+    if (lane == 0) st_release_u32(&slot->flag, 1u);
 }
 
 // Warp 0: the published routing into r if its flag is seen within the spins
@@ -222,17 +224,24 @@ __device__ __forceinline__ bool route_take(const RouteSlot* __restrict__ slot, R
 #define LILY_MOE_DIAG 0
 #endif
 // `down`: called by the down product (for the diagnostic); `slot`: take the
-// published routing from it when there (down).
+// published routing from it when there (down); `publish`: publish the routing
+// (with weights) there, before the barrier, so before the block's trigger.
 __device__ __forceinline__ const Routing& route_block(const float* __restrict__ logits, int E, int K, bool weights,
-                                                      bool down, const RouteSlot* __restrict__ slot = nullptr) {
+                                                      bool down, const RouteSlot* __restrict__ slot = nullptr,
+                                                      RouteSlot* __restrict__ publish = nullptr) {
     __shared__ Routing r;
     const bool fixed = LILY_MOE_DIAG == 1 || (LILY_MOE_DIAG == 2 && !down) || (LILY_MOE_DIAG == 3 && down);
     if (fixed && threadIdx.x < 9) {
         if (threadIdx.x < 8) r.idx[threadIdx.x] = (threadIdx.x * 37) % E;
         r.wts[threadIdx.x] = 1.f / 9.f;
     }
-    if (!fixed && threadIdx.x < 32 && !(slot && route_take(slot, r, K)))
-        topk_warp(logits, E, K, r.idx, weights ? r.wts : nullptr);
+    if (!fixed && threadIdx.x < 32) {
+        if (!(slot && route_take(slot, r, K))) topk_warp(logits, E, K, r.idx, weights || publish ? r.wts : nullptr);
+        if (publish) {
+            __syncwarp();
+            route_publish(publish, r, K);
+        }
+    }
     __syncthreads();
     return r;
 }
@@ -308,9 +317,7 @@ extern "C" __global__ void __launch_bounds__(256, 3)
                 // block (0, 1) publishes the routing (with weights) for the down
                 // product (not under the gate/up-only diagnostic: down routes itself)
                 const bool publish = LILY_MOE_DIAG != 2 && route && blockIdx.x == 0 && slot == 0 && t == 0;
-                const Routing& r = route_block(logits, E, K, publish, false);
-                if (publish && threadIdx.x == 0) route_publish(route, r, K);
-                e = r.idx[slot];
+                e = route_block(logits, E, K, false, false, nullptr, publish ? route : nullptr).idx[slot];
             } else {
                 e = __ldcg(idx + t * K + slot);
             }
