@@ -166,6 +166,42 @@ __device__ __forceinline__ bool last_block_add_norm(float* __restrict__ x, const
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
+__device__ __forceinline__ unsigned ld_acquire_u32(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// The wait of a decode kernel whose input's producer signals it early:
+// `ready` (null: plain pdl_wait) counts the producer's blocks that have
+// written their share of the input (each after a fence), so at n the input is
+// in L2 while the producer may still be draining its other stores (the GDN
+// core's 2 MB of new state) before it completes, which is what pdl_wait()
+// waits for. Thread 0 polls, then the block barrier passes the acquire on. A
+// kernel that took this path must still call pdl_wait() before it exits, so
+// that it completes after its producer: the kernel after it waits only on it.
+// After READY_SPINS polls it falls back to the wait (a producer that never
+// signals, e.g. a timing diagnostic, costs time, not correctness).
+#ifndef READY_SPINS
+#define READY_SPINS 512
+#endif
+__device__ __forceinline__ void input_wait(const unsigned* ready, unsigned n) {
+    if (!ready) {
+        pdl_wait();
+        return;
+    }
+    if (threadIdx.x == 0) {
+        for (int i = 0; ld_acquire_u32(ready) < n; i++) {
+            if (i == READY_SPINS) {
+                pdl_wait();
+                break;
+            }
+            __nanosleep(32);
+        }
+    }
+    __syncthreads();
+}
+
 // The block's copy of a decode activation vector in shared memory (up to
 // XS_MAX bf16): read once per block through L2 after the PDL wait, instead of
 // once per warp (which, for the lm_head, would read as many bytes from L2 as
@@ -274,7 +310,8 @@ __device__ __forceinline__ const bf16* stage_input_pre(DecodeIn in, const float 
 // the wait. The sum runs in warp_dot_bf16's order. `ok` false (a warp past
 // the last row): no loads, returns 0; the wait, trigger and staging still run.
 template <int NCH>
-__device__ __forceinline__ float prefetched_dot(const bf16* __restrict__ w, DecodeIn x, bool ok) {
+__device__ __forceinline__ float prefetched_dot(const bf16* __restrict__ w, DecodeIn x, bool ok,
+                                                const unsigned* ready = nullptr, unsigned nready = 0) {
     const int lane = threadIdx.x & 31;
     uint4 r[NCH];
     if (ok) {
@@ -283,7 +320,7 @@ __device__ __forceinline__ float prefetched_dot(const bf16* __restrict__ w, Deco
     }
     float nw[NCH];
     norm_weights_pre(x, nw);
-    pdl_wait();
+    input_wait(ready, nready);
     pdl_trigger();
     const bf16* xs = stage_input_pre(x, nw);
     if (!ok) return 0.f;
@@ -302,21 +339,24 @@ __device__ __forceinline__ float prefetched_dot(const bf16* __restrict__ w, Deco
 // prefetched_dot for the K of this model's decode GEMVs (512, 1024, 2048,
 // 4096), warp_dot_bf16 after the wait for any other K (K % 8 == 0). Every
 // thread of the block must call it (it holds the PDL wait and a barrier).
-__device__ __forceinline__ float unprefetched_dot(const bf16* __restrict__ w, DecodeIn x, int K, bool ok) {
-    pdl_wait();
+__device__ __forceinline__ float unprefetched_dot(const bf16* __restrict__ w, DecodeIn x, int K, bool ok,
+                                                  const unsigned* ready = nullptr, unsigned nready = 0) {
+    input_wait(ready, nready);
     pdl_trigger();
     if (K > XS_MAX) return ok ? warp_dot_bf16(w, x.x, K, true) : 0.f;  // (a normed input needs K <= XS_MAX)
     const bf16* xs = stage_input(x, K);
     return ok ? warp_dot_bf16(w, xs, K, false) : 0.f;
 }
 
-__device__ __forceinline__ float decode_dot(const bf16* __restrict__ w, DecodeIn x, int K, bool ok) {
+// `ready`, `nready`: input_wait's early signal (null: the PDL wait).
+__device__ __forceinline__ float decode_dot(const bf16* __restrict__ w, DecodeIn x, int K, bool ok,
+                                            const unsigned* ready = nullptr, unsigned nready = 0) {
     switch (K) {
-        case 512: return prefetched_dot<2>(w, x, ok);
-        case 1024: return prefetched_dot<4>(w, x, ok);
-        case 2048: return prefetched_dot<8>(w, x, ok);
-        case 4096: return prefetched_dot<16>(w, x, ok);
-        default: return unprefetched_dot(w, x, K, ok);
+        case 512: return prefetched_dot<2>(w, x, ok, ready, nready);
+        case 1024: return prefetched_dot<4>(w, x, ok, ready, nready);
+        case 2048: return prefetched_dot<8>(w, x, ok, ready, nready);
+        case 4096: return prefetched_dot<16>(w, x, ok, ready, nready);
+        default: return unprefetched_dot(w, x, K, ok, ready, nready);
     }
 }
 

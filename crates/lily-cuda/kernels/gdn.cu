@@ -202,7 +202,8 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
                       const float* __restrict__ conv_w, const float* __restrict__ ba,
                       const float* __restrict__ a_log, const float* __restrict__ dt_bias,
                       const float* __restrict__ z, const float* __restrict__ w,
-                      float* __restrict__ S, bf16* __restrict__ out, int Hk, int Hv, float eps) {
+                      float* __restrict__ S, bf16* __restrict__ out, int Hk, int Hv, float eps,
+                      unsigned* __restrict__ done) {
     __shared__ float4 red_u[8][GDN_DEC_COLS / 4], red_q[8][GDN_DEC_COLS / 4];
     // the head's 4 blocks' sums of o^2, each pushed here by its block
     __shared__ float parts[GDN_DEC_HEAD_BLOCKS];
@@ -347,6 +348,12 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
     // 4. S = Sd + k delta^T, stored as soon as delta is known, through L2
     //    only (st.global.cg): with plain stores the 2 MB a layer cost ~1.4 us
     //    more of the step (BENCHMARKS.md, 9th session).
+    //    With a `done` count, warp 0 (which writes the output and counts it)
+    //    stores its tile only after counting: its fence then waits for its
+    //    output stores, not for its state stores (with them first the count
+    //    came about when the stores had drained anyway, and measured slower:
+    //    BENCHMARKS.md, 15th session).
+    const bool late = done && warp == 0;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         s[i].x += kr[i] * d.x;
@@ -356,7 +363,7 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
 #if LILY_GDN_DIAG == 6
         if (s[i].x == 12345.f)
 #endif
-            __stcg(reinterpret_cast<float4*>(Sj + (long)(32 * i + 4 * warp + rs) * GDN_DEC_DV), s[i]);
+            if (!late) __stcg(reinterpret_cast<float4*>(Sj + (long)(32 * i + 4 * warp + rs) * GDN_DEC_DV), s[i]);
     }
 #if LILY_GDN_DIAG == 8
     return;
@@ -393,6 +400,18 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
         for (unsigned r = 0; r < GDN_DEC_HEAD_BLOCKS; r++) ss += parts[r];
         float inv = rsqrtf(ss / GDN_DEC_DV + eps);
         out[(long)j * GDN_DEC_DV + col0 + lane] = f2bf(wc * (o * inv) * zc);
+        // Count the block's output as written (`done`, nullable): the output
+        // projection starts on it (input_wait) while the state stores drain.
+        __syncwarp();
+        if (done && lane == 0) {
+            __threadfence();
+            atomicAdd(done, 1u);
+        }
+        if (late) {
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                __stcg(reinterpret_cast<float4*>(Sj + (long)(32 * i + 4 * warp + rs) * GDN_DEC_DV), s[i]);
+        }
     }
     // 7. The conv history: the v columns by their block; the q/k channels by
     //    one block of the key head (column block 0 of its first v head), now

@@ -73,17 +73,24 @@ extern "C" __global__ void gemv3_kernel(const bf16* __restrict__ x, int K,
 // warp adds its row into x itself (x[row] += delta[row]; delta, out and
 // counter unused) and the kernels that read x next compute the norm
 // (stage_input), so no last block runs it serially.
+// `ready` (nullable), `nready`: h's producer signals it early (input_wait):
+// the GDN core counts its blocks there once their output is written, so the
+// product runs while the core's state stores drain; the kernel then waits for
+// the core's completion before it exits.
 extern "C" __global__ void gemv_add_norm_kernel(const bf16* __restrict__ W, const bf16* h, float* __restrict__ delta,
                                                 int D, int K, float* __restrict__ x, const float* __restrict__ w1p,
-                                                bf16* out, float eps, unsigned* __restrict__ counter) {
+                                                bf16* out, float eps, unsigned* __restrict__ counter,
+                                                const unsigned* __restrict__ ready, unsigned nready) {
     int lane = threadIdx.x & 31;
     long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     bool ok = row < D;
-    float acc = decode_dot(W + (ok ? row : 0) * K, DecodeIn{h, nullptr, nullptr, 0.f}, K, ok);
+    float acc = decode_dot(W + (ok ? row : 0) * K, DecodeIn{h, nullptr, nullptr, 0.f}, K, ok, ready, nready);
     if (!w1p) {
         if (ok && lane == 0) x[row] = __ldcg(x + row) + acc;
+        if (ready) pdl_wait();
         return;
     }
+    if (ready) pdl_wait();
     if (ok && lane == 0) delta[row] = acc;
     last_block_add_norm(x, delta, w1p, out, D, eps, counter);
 }

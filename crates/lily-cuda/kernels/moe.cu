@@ -169,8 +169,8 @@ struct Routing {
 // step's chain: their 126-register blocks become resident only as gate/up's
 // leave. `flag` is stored with release semantics after the rest; readers
 // acquire it. The layer's first kernel (gemv3_kernel, after its PDL wait:
-// every reader of the previous layer has completed) zeroes the flag's word.
-// (tests/ops_gpu.rs moe_experts reads this layout; the host allocates 128 bytes)
+// every reader of the previous layer has completed) zeroes the layer's flags,
+// this slot among them. (tests/ops_gpu.rs moe_experts reads this layout)
 struct RouteSlot {
     unsigned flag;
     unsigned pad;
@@ -181,11 +181,6 @@ struct RouteSlot {
 #define ROUTE_SLOT_SPINS 32
 #endif
 
-__device__ __forceinline__ unsigned ld_acquire_u32(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
 __device__ __forceinline__ void st_release_u32(unsigned* p, unsigned v) {
     asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }

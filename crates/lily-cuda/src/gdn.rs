@@ -229,6 +229,9 @@ pub fn gdn_decode_check(hk: usize, hv: usize, dk: usize, dv: usize, conv: usize)
 /// - `s` [hv, 128, dv] f32: the state, updated in place (16-byte aligned);
 /// - `out` [hv*dv] bf16: `w * (o * rsqrt(mean(o^2) + eps)) * silu(z)` per head,
 ///   the input of out_proj.
+/// - `done` (0: none) [1] u32: each block adds 1 once its share of `out` is
+///   written (after a fence), so `done` grows by `gdn_decode_blocks(hv)`: the
+///   output projection starts on that count instead of the kernel's completion.
 ///
 /// Geometry: grid hv*4 blocks of 256 threads in clusters of 8 (4 blocks per v
 /// head, one per 32 state columns; each thread holds a 4x4 tile of the state
@@ -250,6 +253,7 @@ pub fn gdn_decode(
     hv: usize,
     dv: usize,
     eps: f32,
+    done: u64,
 ) -> Result<()> {
     gdn_decode_check(hk, hv, GDN_DK, dv, GDN_DECODE_CONV)?;
     if !s.is_multiple_of(16) {
@@ -257,7 +261,7 @@ pub fn gdn_decode(
     }
     gpu.launch(
         "gdn_decode_kernel",
-        ((hv * DECODE_HEAD_BLOCKS) as u32, 1, 1),
+        (gdn_decode_blocks(hv), 1, 1),
         (DECODE_THREADS, 1, 1),
         0,
         &[
@@ -274,6 +278,12 @@ pub fn gdn_decode(
             Arg::I32(hk as i32),
             Arg::I32(hv as i32),
             Arg::F32(eps),
+            Arg::Ptr(done),
         ],
     )
+}
+
+/// gdn_decode's grid: the count its blocks add to `done`.
+pub fn gdn_decode_blocks(hv: usize) -> u32 {
+    (hv * DECODE_HEAD_BLOCKS) as u32
 }

@@ -29,7 +29,7 @@ use lily_cpu::ops::conv::causal_conv1d_silu;
 use lily_cpu::ops::norm::gated_rmsnorm;
 use lily_cuda::gdn::{
     gdn_chunk_record_floats, gdn_chunked_prefill, gdn_chunked_scratch_bytes, gdn_decode,
-    gdn_decode_check, GDN_DECODE_DV, GDN_DK,
+    gdn_decode_blocks, gdn_decode_check, GDN_DECODE_DV, GDN_DK,
 };
 use lily_cuda::gpu::{Arg, Gpu};
 use lily_model::DType;
@@ -334,6 +334,9 @@ fn gpu_decode(g: &Gpu, d: &DecodeInputs, fused: bool) -> Vec<(Vec<f32>, Vec<f32>
     let o = g.upload_new(&vec![f32::NAN; HV * DV]).unwrap();
     // bf16 NaN everywhere: an element the kernel does not write fails the finite check
     let out = g.upload_new(&vec![0xFFFFu16; HV * DV]).unwrap();
+    // the fused kernel's blocks-done count (the output projection's early
+    // signal): every block adds 1 each step
+    let done = g.upload_new(&[0u32]).unwrap();
     let mut steps = Vec::new();
     for t in 0..x.t {
         g.upload(conv.ptr, &x.conv[t * C..(t + 1) * C]).unwrap();
@@ -359,6 +362,7 @@ fn gpu_decode(g: &Gpu, d: &DecodeInputs, fused: bool) -> Vec<(Vec<f32>, Vec<f32>
                 HV,
                 DV,
                 EPS,
+                done.ptr,
             )
             .unwrap();
         } else {
@@ -386,6 +390,12 @@ fn gpu_decode(g: &Gpu, d: &DecodeInputs, fused: bool) -> Vec<(Vec<f32>, Vec<f32>
         }
         g.sync().unwrap();
         if fused {
+            let n: Vec<u32> = g.download(done.ptr, 1).unwrap();
+            assert_eq!(
+                n[0],
+                (t as u32 + 1) * gdn_decode_blocks(HV),
+                "step {t}: blocks-done count"
+            );
             let h: Vec<f32> = g.download(hist.ptr, C * (CONV - 1)).unwrap();
             let bad = h
                 .iter()

@@ -447,15 +447,16 @@ fn gemv3_matches_the_cpu() {
                 Arg::I32(ns[i] as i32),
             ]);
         }
-        // block 0 also zeroes clear[0, nclear) after its wait (a decode layer's
-        // first kernel resets the MoE route slot): two of four words of ones here
-        let slot = g.upload_new(&[u64::MAX; 4]).unwrap();
+        // a decode layer's first kernel also zeroes the layer's flags (the
+        // MoE route slot, the GDN core's count; block 0, after its wait): 30
+        // of 32 words of ones here
+        let slot = g.upload_new(&[u64::MAX; 32]).unwrap();
         args.extend([
             Arg::Ptr(xfb.ptr),
             Arg::Ptr(if normed { wpb.ptr } else { 0 }),
             Arg::F32(eps),
             Arg::Ptr(if normed { slot.ptr } else { 0 }),
-            Arg::I32(2),
+            Arg::I32(30),
         ]);
         let rows: usize = ns.iter().sum();
         g.launch(
@@ -466,12 +467,10 @@ fn gemv3_matches_the_cpu() {
             &args,
         )
         .unwrap();
-        let words: Vec<u64> = g.download(slot.ptr, 4).unwrap();
-        let cleared = if normed {
-            [0, 0, u64::MAX, u64::MAX]
-        } else {
-            [u64::MAX; 4]
-        };
+        let words: Vec<u64> = g.download(slot.ptr, 32).unwrap();
+        let cleared: Vec<u64> = (0..32)
+            .map(|i| if normed && i < 30 { 0 } else { u64::MAX })
+            .collect();
         assert_eq!(words, cleared, "route slot clear (normed: {normed})");
         for i in 0..3 {
             let got: Vec<f32> = g.download(ys[i].ptr, ns[i]).unwrap();
@@ -512,8 +511,9 @@ fn gemv_add_norm_matches_the_cpu() {
         let hb = g.upload_new(&bf16_bits(&h)).unwrap();
         let xb = g.upload_new(&x0).unwrap();
         let nb = g.upload_new(&w1p).unwrap();
-        // (w1p, out, counter): the fused norm, or none (w1p = 0)
-        let launch = |w1p: u64, out: u64, counter: u64| {
+        // (w1p, out, counter): the fused norm, or none (w1p = 0); (ready,
+        // nready): the early signal of h's producer (input_wait), or none
+        let launch_ready = |w1p: u64, out: u64, counter: u64, ready: u64, nready: u32| {
             g.launch(
                 "gemv_add_norm_kernel",
                 (d.div_ceil(8) as u32, 1, 1),
@@ -530,10 +530,13 @@ fn gemv_add_norm_matches_the_cpu() {
                     Arg::Ptr(out),
                     Arg::F32(eps),
                     Arg::Ptr(counter),
+                    Arg::Ptr(ready),
+                    Arg::I32(nready as i32),
                 ],
             )
             .unwrap()
         };
+        let launch = |w1p: u64, out: u64, counter: u64| launch_ready(w1p, out, counter, 0, 0);
         // the output overwrites the input, as in the model
         launch(nb.ptr, hb.ptr, counter.ptr);
         let got_x: Vec<f32> = g.download(xb.ptr, d).unwrap();
@@ -572,5 +575,22 @@ fn gemv_add_norm_matches_the_cpu() {
             ex < 1e-5,
             "call {call}: residual (no norm) relative L2 {ex}"
         );
+        // the same with h's early signal: the count reached (the path the
+        // GDN core's output projection takes), and never reached (the
+        // fallback to the PDL wait after the polls); neither changes a bit
+        let ready = g.upload_new(&[128u32]).unwrap();
+        for (count, what) in [(128u32, "reached"), (127, "not reached")] {
+            g.upload(ready.ptr, &[count]).unwrap();
+            g.upload(xb.ptr, &x0).unwrap();
+            launch_ready(0, 0, 0, ready.ptr, 128);
+            let again: Vec<f32> = g.download(xb.ptr, d).unwrap();
+            assert!(
+                again
+                    .iter()
+                    .zip(&got_x)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "call {call}: early signal {what}: the residual differs"
+            );
+        }
     }
 }

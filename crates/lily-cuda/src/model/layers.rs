@@ -59,20 +59,20 @@ impl CudaModel {
             debug_assert_eq!(w.bytes, n * k * 2);
             args.extend([Arg::Ptr(w.ptr), Arg::Ptr(y), Arg::I32(n as i32)]);
         }
-        // the layer's first decode kernel: it resets the MoE's route slot
-        let clear = if self.opts.route_slot {
-            self.s.route.ptr
+        // the layer's first decode kernel: it resets the layer's flags
+        let clear = if self.opts.route_slot || self.opts.gdn_signal {
+            self.s.flags.ptr
         } else {
             0
         };
-        self.route_cleared
+        self.flags_cleared
             .store(!self.gpu.skipping(), std::sync::atomic::Ordering::Relaxed);
         args.extend([
             Arg::Ptr(self.s.x.ptr),
             Arg::Ptr(norm.ptr),
             Arg::F32(self.cfg.rms_norm_eps),
             Arg::Ptr(clear),
-            Arg::I32(1), // RouteSlot's flag word
+            Arg::I32((super::FLAG_BYTES / 8) as i32),
         ]);
         self.gpu.launch(
             "gemv3_kernel",
@@ -243,7 +243,7 @@ impl CudaModel {
             "attn core",
             attention_core_bytes(cfg, self.prof_pos()) - attention_prep_bytes(cfg),
         )?;
-        self.out_proj(&a.o, hq * dh, t)?;
+        self.out_proj(&a.o, hq * dh, t, None)?;
         self.mark("attn o proj", a.o.bytes as u64)
     }
 
@@ -272,6 +272,15 @@ impl CudaModel {
             &lw.input_norm,
         )?;
         self.mark("gdn in proj", (w.qkv.bytes + w.z.bytes + w.ba.bytes) as u64)?;
+        // decode: the core counts its blocks done in the layer's flags, and
+        // the output projection starts on the count; not when the core's
+        // launch or the layer's clear is dropped (ablation): no count, or a
+        // stale one
+        let cleared = self
+            .flags_cleared
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let done = (t == 1 && self.opts.gdn_signal && cleared && !g.skipping())
+            .then_some(s.flags.ptr + super::GDN_DONE_OFFSET);
         if t == 1 {
             // decode: conv, recurrence step and gated norm in one kernel
             crate::gdn::gdn_decode(
@@ -290,6 +299,7 @@ impl CudaModel {
                 hv,
                 dv,
                 cfg.rms_norm_eps,
+                done.unwrap_or(0),
             )?;
         } else {
             g.launch(
@@ -341,7 +351,8 @@ impl CudaModel {
         // (decode: the conv runs inside the core kernel)
         let conv = if t == 1 { 0 } else { gdn_conv_bytes(cfg) };
         self.mark("gdn core", gdn_core_bytes(cfg) - conv)?;
-        self.out_proj(&w.out, hv * dv, t)?;
+        let ready = done.map(|p| (p, crate::gdn::gdn_decode_blocks(hv)));
+        self.out_proj(&w.out, hv * dv, t, ready)?;
         self.mark("gdn out proj", w.out.bytes as u64)
     }
 
@@ -363,7 +374,8 @@ impl CudaModel {
     /// A mixer's output projection h[T, k] -> delta[T, D]; for one decode
     /// token with the residual add fused in (x += W h; the router and the
     /// experts norm x themselves), which prefill runs as its own kernel.
-    fn out_proj(&self, w: &DevBuf, k: usize, t: usize) -> Result<()> {
+    /// `ready`: (count, n), h's producer's early signal (gemv.cu input_wait).
+    fn out_proj(&self, w: &DevBuf, k: usize, t: usize, ready: Option<(u64, u32)>) -> Result<()> {
         let (d, s) = (self.cfg.hidden_size, &self.s);
         if t > 1 {
             return self.linear(s.h.ptr, w, s.delta.ptr, t, d, k);
@@ -384,6 +396,8 @@ impl CudaModel {
                 Arg::Ptr(s.h.ptr),
                 Arg::F32(self.cfg.rms_norm_eps),
                 Arg::Ptr(s.counter.ptr),
+                Arg::Ptr(ready.map_or(0, |r| r.0)),
+                Arg::I32(ready.map_or(0, |r| r.1 as i32)),
             ],
         )
     }
@@ -443,10 +457,10 @@ impl CudaModel {
         // when gate/up's launch or the layer's clear (the mixer's first
         // launch) is dropped (ablation), leaving nothing or a stale slot.
         let cleared = self
-            .route_cleared
+            .flags_cleared
             .load(std::sync::atomic::Ordering::Relaxed);
         let route = if self.opts.route_slot && d == 2048 && cleared && !g.skipping() {
-            s.route.ptr
+            s.flags.ptr
         } else {
             0
         };

@@ -36,6 +36,11 @@ pub struct CudaOptions {
     /// for the down product's blocks (moe.cu `RouteSlot`); off
     /// (`LILY_ROUTE_SLOT=0`) each down block takes the top-K itself
     pub route_slot: bool,
+    /// The GDN core counts its blocks as their output is written, and the
+    /// output projection starts on that count instead of the core's
+    /// completion (which waits for its 2 MB of state stores); off
+    /// (`LILY_GDN_SIGNAL=0`) it waits for the completion
+    pub gdn_signal: bool,
 }
 
 impl Default for CudaOptions {
@@ -47,6 +52,9 @@ impl Default for CudaOptions {
                 .map(|v| v != "0")
                 .unwrap_or(true),
             route_slot: std::env::var("LILY_ROUTE_SLOT")
+                .map(|v| v != "0")
+                .unwrap_or(true),
+            gdn_signal: std::env::var("LILY_GDN_SIGNAL")
                 .map(|v| v != "0")
                 .unwrap_or(true),
         }
@@ -75,8 +83,11 @@ struct StepGraph(cudarc::driver::CudaGraph);
 // are serialised, which `&mut CudaState` guarantees.
 unsafe impl Send for StepGraph {}
 
-/// Bytes of moe.cu's `RouteSlot` (76), rounded to a line.
-const ROUTE_SLOT_BYTES: usize = 128;
+/// A decode layer's flags (`s.flags`), which its first kernel
+/// (`gemv3_kernel`) clears, all 32 u64 words: moe.cu's `RouteSlot` in its
+/// first 76 bytes, the GDN core's count of blocks done at `GDN_DONE_OFFSET`.
+const FLAG_BYTES: usize = 256;
+const GDN_DONE_OFFSET: u64 = 192;
 
 /// Activation buffers for up to `prefill_chunk` tokens.
 struct Scratch {
@@ -102,7 +113,7 @@ struct Scratch {
     host_next: crate::gpu::HostMapped, // [2] i32 each step's choice, in slot pos & 1, for the host
     valid: DevBuf, // [1] i32 ids below this are eligible for the in-step greedy choice
     counter: DevBuf, // [1] u32 blocks done, for kernels whose last block finishes the job
-    route: DevBuf, // [128 B] a decode MoE layer's published routing (moe.cu RouteSlot)
+    flags: DevBuf, // [FLAG_BYTES] a decode layer's MoE route slot and GDN blocks-done count
     gdn: DevBuf,  // per-chunk records of the chunked GDN prefill
     att: DevBuf,  // split-K partials of the decode attention
     grouped: Grouped,
@@ -167,9 +178,9 @@ pub struct CudaModel {
     /// feeds it from there without an upload; `state_ids` numbers the states from 1.
     next_owner: AtomicU64,
     state_ids: AtomicU64,
-    /// Whether the current layer's first decode launch (which clears the
-    /// route slot) was recorded, i.e. not dropped by an ablation capture.
-    route_cleared: std::sync::atomic::AtomicBool,
+    /// Whether the current layer's first decode launch (which clears its
+    /// flags) was recorded, i.e. not dropped by an ablation capture.
+    flags_cleared: std::sync::atomic::AtomicBool,
 }
 
 /// The decode attention's split count: `attention_decode_splits`' rule, or
@@ -294,7 +305,7 @@ impl CudaModel {
             dev_valid: AtomicI64::new(-1),
             next_owner: AtomicU64::new(0),
             state_ids: AtomicU64::new(1),
-            route_cleared: Default::default(),
+            flags_cleared: Default::default(),
         })
     }
 
@@ -347,9 +358,9 @@ impl CudaModel {
                 gpu.zero(c.ptr, 4)?;
                 c
             },
-            route: {
-                let r = gpu.alloc(ROUTE_SLOT_BYTES)?;
-                gpu.zero(r.ptr, ROUTE_SLOT_BYTES)?;
+            flags: {
+                let r = gpu.alloc(FLAG_BYTES)?;
+                gpu.zero(r.ptr, FLAG_BYTES)?;
                 r
             },
             gdn: gpu.alloc(crate::gdn::gdn_chunked_scratch_bytes(t, hv, dv))?,
