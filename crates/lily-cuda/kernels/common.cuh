@@ -157,8 +157,13 @@ __device__ __forceinline__ bool last_block_add_norm(float* __restrict__ x, const
 // writes (weights, its own layer's recurrent state) and must write nothing;
 // pdl_wait() blocks until every earlier kernel has completed and its writes
 // are visible. pdl_trigger() (after the wait, so at most one kernel runs
-// ahead) lets the next kernel launch early. Without the launch attribute both
-// are no-ops. After the wait, whatever an earlier kernel wrote is read
+// ahead) lets the next kernel launch early. (The exception: a kernel that
+// starts on its producer's count instead of the wait, input_wait below,
+// reads its input and writes before its own pdl_wait(), which it calls
+// before it exits; so it, its producer and the kernel after it may be in
+// flight together, and the kernel after it, waiting for its completion,
+// still follows both.) Without the launch attribute both are no-ops. After
+// the wait, whatever an earlier kernel wrote is read
 // through L2 (__ldcg, load8_cg): a block launched early shares its SM's L1
 // with the previous kernel's blocks, which may have cached the old contents
 // of a buffer that kernel then rewrote (gemv_add_norm reads h, then its last

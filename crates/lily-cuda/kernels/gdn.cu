@@ -189,11 +189,14 @@ __device__ __forceinline__ float conv4_silu(const float* w, const float* h, floa
 // place; conv_w: [C, 4]; ba: [2*Hv] = [b | a]; a_log, dt_bias: [Hv];
 // z: [Hv*128]; w: [128] (gated-norm weight); S: [Hv, 128, 128] f32, 16-byte
 // aligned, updated in place; out: [Hv*128] bf16 =
-// bf16(w * (o * rsqrt(mean(o^2) + eps)) * silu(z)) per head.
+// bf16(w * (o * rsqrt(mean(o^2) + eps)) * silu(z)) per head. done (nullable):
+// each block adds 1 once its share of out is written, the output
+// projection's early signal (common.cuh input_wait).
 //
 // LILY_GDN_DIAG (timing diagnostics, wrong output, BENCHMARKS.md 9th session):
 // 6 the new state not stored; 7 return after the conv; 8 return after the
-// state store.
+// state store. 7 and 8 return before counting: run them with
+// LILY_GDN_SIGNAL=0, or every output projection polls until its fallback.
 #ifndef LILY_GDN_DIAG
 #define LILY_GDN_DIAG 0
 #endif
@@ -353,7 +356,7 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
     //    output stores, not for its state stores (with them first the count
     //    came about when the stores had drained anyway, and measured slower:
     //    BENCHMARKS.md, 15th session).
-    const bool late = done && warp == 0;
+    const bool late = LILY_GDN_DIAG != 6 && LILY_GDN_DIAG != 8 && done && warp == 0;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         s[i].x += kr[i] * d.x;

@@ -34,8 +34,9 @@ extern "C" __global__ void add_kernel(float* __restrict__ x, const float* __rest
 // With w1p non-null the input is the mixer's input RMSNorm of the residual
 // stream xf [K] f32, computed by each block (stage_input), and x is unused.
 // Block 0 also zeroes clear[0, nclear) after its PDL wait: a decode layer's
-// first kernel resets the MoE's RouteSlot (moe.cu) once every reader of the
-// previous layer's has completed.
+// first kernel resets the layer's flags (the MoE's RouteSlot in moe.cu, the
+// GDN core's count of blocks done) once every reader of the previous layer's
+// has completed.
 extern "C" __global__ void gemv3_kernel(const bf16* __restrict__ x, int K,
                                         const bf16* __restrict__ W0, float* __restrict__ y0, int N0,
                                         const bf16* __restrict__ W1, float* __restrict__ y1, int N1,

@@ -319,7 +319,9 @@ fn cpu_decode(d: &DecodeInputs) -> Vec<(Vec<f32>, Vec<f32>)> {
 /// history must then match the CPU's bit for bit after every step); else
 /// gdn_recurrent_kernel (T = 1) + gated_rmsnorm_kernel from the CPU's conv
 /// rows. Per step: (out as f32 from bf16, state after it).
-fn gpu_decode(g: &Gpu, d: &DecodeInputs, fused: bool) -> Vec<(Vec<f32>, Vec<f32>)> {
+/// `counted`: the fused kernel also counts its blocks done (the output
+/// projection's early signal, which moves warp 0's state stores after it).
+fn gpu_decode(g: &Gpu, d: &DecodeInputs, fused: bool, counted: bool) -> Vec<(Vec<f32>, Vec<f32>)> {
     let x = &d.x;
     let conv = g.alloc(C * 4).unwrap();
     let mixed = g.alloc(C * 4).unwrap();
@@ -362,7 +364,7 @@ fn gpu_decode(g: &Gpu, d: &DecodeInputs, fused: bool) -> Vec<(Vec<f32>, Vec<f32>
                 HV,
                 DV,
                 EPS,
-                done.ptr,
+                if counted { done.ptr } else { 0 },
             )
             .unwrap();
         } else {
@@ -391,11 +393,12 @@ fn gpu_decode(g: &Gpu, d: &DecodeInputs, fused: bool) -> Vec<(Vec<f32>, Vec<f32>
         g.sync().unwrap();
         if fused {
             let n: Vec<u32> = g.download(done.ptr, 1).unwrap();
-            assert_eq!(
-                n[0],
-                (t as u32 + 1) * gdn_decode_blocks(HV),
-                "step {t}: blocks-done count"
-            );
+            let want = if counted {
+                (t as u32 + 1) * gdn_decode_blocks(HV)
+            } else {
+                0
+            };
+            assert_eq!(n[0], want, "step {t}: blocks-done count");
             let h: Vec<f32> = g.download(hist.ptr, C * (CONV - 1)).unwrap();
             let bad = h
                 .iter()
@@ -423,8 +426,18 @@ fn decode_matches_cpu_and_two_kernel_path() {
     for seed in [0xDEC0DE_u64, 0x5EED] {
         let d = decode_inputs(STEPS, seed);
         let cpu = cpu_decode(&d);
-        let two = gpu_decode(&g, &d, false);
-        let fused = gpu_decode(&g, &d, true);
+        let two = gpu_decode(&g, &d, false, false);
+        let fused = gpu_decode(&g, &d, true, true);
+        // without the count (warp 0 stores its state with the others): the same bits
+        let uncounted = gpu_decode(&g, &d, true, false);
+        for (t, (a, b)) in fused.iter().zip(&uncounted).enumerate() {
+            let same =
+                |x: &[f32], y: &[f32]| x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
+            assert!(
+                same(&a.0, &b.0) && same(&a.1, &b.1),
+                "seed {seed:#x} step {t}: counted and uncounted decode differ"
+            );
+        }
         let mut prev = d.x.s0.clone();
         for (t, ((c, r), f)) in cpu.iter().zip(&two).zip(&fused).enumerate() {
             assert!(
@@ -474,7 +487,10 @@ fn decode_output_depends_on_the_state() {
     let d = decode_inputs(1, 11);
     let mut e = decode_inputs(1, 11);
     e.x.s0 = random_nonzero(HV * DK * DV, 12, 0.0, 0.5);
-    let (a, b) = (gpu_decode(&g, &d, true), gpu_decode(&g, &e, true));
+    let (a, b) = (
+        gpu_decode(&g, &d, true, true),
+        gpu_decode(&g, &e, true, true),
+    );
     assert!(rel_l2(&b[0].0, &a[0].0) > 1e-2);
 }
 

@@ -230,6 +230,20 @@ fn full4_forward_matches_the_cpu() {
         eager == got[n * v..],
         "decode logits differ between the CUDA graph and direct launches"
     );
+    // the GDN output projection started on the core's count (the default) or
+    // on its completion: the same arithmetic, bit for bit
+    assert!(m.opts.gdn_signal, "the default path is the signalled one");
+    m.opts.gdn_signal = false;
+    let mut st4 = m.new_state().unwrap();
+    m.forward(&mut st4, &toks[..n], false).unwrap();
+    let mut waited = Vec::new();
+    for &t in &toks[n..] {
+        waited.extend(m.forward(&mut st4, &[t], true).unwrap());
+    }
+    assert!(
+        waited == eager,
+        "decode logits differ with the GDN output projection waiting for the core"
+    );
 }
 
 /// The pipelined greedy decode (each step queued before the previous choice
@@ -577,7 +591,10 @@ fn gemv_add_norm_matches_the_cpu() {
         );
         // the same with h's early signal: the count reached (the path the
         // GDN core's output projection takes), and never reached (the
-        // fallback to the PDL wait after the polls); neither changes a bit
+        // fallback to the PDL wait after the polls); neither changes a bit.
+        // (No producer runs here: this checks the path's arithmetic and that
+        // the fallback ends; full4_forward_matches_the_cpu checks the
+        // signalled decode against the waiting one.)
         let ready = g.upload_new(&[128u32]).unwrap();
         for (count, what) in [(128u32, "reached"), (127, "not reached")] {
             g.upload(ready.ptr, &[count]).unwrap();
