@@ -219,13 +219,17 @@ fn full4_forward_matches_the_cpu() {
     assert_eq!(first as usize, lily_engine_argmax(&got[(n - 1) * v..n * v]));
     // decode replayed from the captured graph is the same computation as
     // decode launched kernel by kernel: bit for bit
+    let decode_eager = |m: &CudaModel| {
+        let mut st = m.new_state().unwrap();
+        m.forward(&mut st, &toks[..n], false).unwrap();
+        let mut out = Vec::new();
+        for &t in &toks[n..] {
+            out.extend(m.forward(&mut st, &[t], true).unwrap());
+        }
+        out
+    };
     m.opts.graphs = false;
-    let mut st3 = m.new_state().unwrap();
-    m.forward(&mut st3, &toks[..n], false).unwrap();
-    let mut eager = Vec::new();
-    for &t in &toks[n..] {
-        eager.extend(m.forward(&mut st3, &[t], true).unwrap());
-    }
+    let eager = decode_eager(&m);
     assert!(
         eager == got[n * v..],
         "decode logits differ between the CUDA graph and direct launches"
@@ -233,14 +237,8 @@ fn full4_forward_matches_the_cpu() {
     // the GDN output projection started on the core's count (the default) or
     // on its completion (LILY_GDN_SIGNAL=0): the same arithmetic, bit for bit
     m.opts.gdn_signal = !m.opts.gdn_signal;
-    let mut st4 = m.new_state().unwrap();
-    m.forward(&mut st4, &toks[..n], false).unwrap();
-    let mut waited = Vec::new();
-    for &t in &toks[n..] {
-        waited.extend(m.forward(&mut st4, &[t], true).unwrap());
-    }
     assert!(
-        waited == eager,
+        decode_eager(&m) == eager,
         "decode logits differ between the GDN output projection on the core's count and on its completion"
     );
 }
