@@ -218,14 +218,15 @@ __device__ __forceinline__ bool route_take(const RouteSlot* __restrict__ slot, R
 #ifndef LILY_MOE_DIAG
 #define LILY_MOE_DIAG 0
 #endif
-// `down`: called by the down product (for the diagnostic); `slot`: take the
-// published routing from it when there (down); `publish`: publish the routing
-// (with weights) there, before the barrier, so before the block's trigger.
+// `weights`: the down product's call (gate/up needs only the ids); `slot`:
+// take the published routing from it when there (down); `publish`: publish
+// the routing (with weights) there, before the barrier, so before the block's
+// trigger (gate/up).
 __device__ __forceinline__ const Routing& route_block(const float* __restrict__ logits, int E, int K, bool weights,
-                                                      bool down, const RouteSlot* __restrict__ slot = nullptr,
+                                                      const RouteSlot* __restrict__ slot = nullptr,
                                                       RouteSlot* __restrict__ publish = nullptr) {
     __shared__ Routing r;
-    const bool fixed = LILY_MOE_DIAG == 1 || (LILY_MOE_DIAG == 2 && !down) || (LILY_MOE_DIAG == 3 && down);
+    const bool fixed = LILY_MOE_DIAG == 1 || (LILY_MOE_DIAG == 2 && !weights) || (LILY_MOE_DIAG == 3 && weights);
     if (fixed && threadIdx.x < 9) {
         if (threadIdx.x < 8) r.idx[threadIdx.x] = (threadIdx.x * 37) % E;
         r.wts[threadIdx.x] = 1.f / 9.f;
@@ -312,7 +313,7 @@ extern "C" __global__ void __launch_bounds__(256, 3)
                 // block (0, 1) publishes the routing (with weights) for the down
                 // product (not under the gate/up-only diagnostic: down routes itself)
                 const bool publish = LILY_MOE_DIAG != 2 && route && blockIdx.x == 0 && slot == 0 && t == 0;
-                e = route_block(logits, E, K, false, false, nullptr, publish ? route : nullptr).idx[slot];
+                e = route_block(logits, E, K, false, nullptr, publish ? route : nullptr).idx[slot];
             } else {
                 e = __ldcg(idx + t * K + slot);
             }
@@ -323,7 +324,7 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     } else {
         pdl_wait();
         pdl_trigger();
-        const long e = shared ? 0 : logits ? route_block(logits, E, K, false, false).idx[slot] : __ldcg(idx + t * K + slot);
+        const long e = shared ? 0 : logits ? route_block(logits, E, K, false).idx[slot] : __ldcg(idx + t * K + slot);
         if (!ok) return;
         const bf16* base = shared ? shared_gate_up : gate_up + e * 2 * F * D;
         const bf16* g = base + (long)f * D;
@@ -415,7 +416,7 @@ extern "C" __global__ void moe_down_norm_kernel(const bf16* __restrict__ h, cons
         r[8][1] = ld_weight16(shared_down + (long)d * 512 + lane * 8 + 256);
     }
     // (gate/up publishes only on its D = 2048 path)
-    const Routing& rt = route_block(logits, E, K, true, true, D == 2048 ? route : nullptr);
+    const Routing& rt = route_block(logits, E, K, true, D == 2048 ? route : nullptr);
     if (fixed) {
         if (ok) {
 #pragma unroll

@@ -273,13 +273,8 @@ impl CudaModel {
         )?;
         self.mark("gdn in proj", (w.qkv.bytes + w.z.bytes + w.ba.bytes) as u64)?;
         // decode: the core counts its blocks done in the layer's flags, and
-        // the output projection starts on the count; not when the core's
-        // launch or the layer's clear is dropped (ablation): no count, or a
-        // stale one
-        let cleared = self
-            .flags_cleared
-            .load(std::sync::atomic::Ordering::Relaxed);
-        let done = (t == 1 && self.opts.gdn_signal && cleared && !g.skipping())
+        // the output projection starts on the count
+        let done = (t == 1 && self.opts.gdn_signal && self.flags_usable())
             .then_some(s.flags.ptr + super::GDN_DONE_OFFSET);
         if t == 1 {
             // decode: conv, recurrence step and gated norm in one kernel
@@ -453,13 +448,8 @@ impl CudaModel {
             return self.mark("moe experts", moe_expert_bytes(cfg));
         }
         let fmax = f.max(fs);
-        // The routing published by gate/up for down (the D = 2048 path); not
-        // when gate/up's launch or the layer's clear (the mixer's first
-        // launch) is dropped (ablation), leaving nothing or a stale slot.
-        let cleared = self
-            .flags_cleared
-            .load(std::sync::atomic::Ordering::Relaxed);
-        let route = if self.opts.route_slot && d == 2048 && cleared && !g.skipping() {
+        // the routing published by gate/up for down (the D = 2048 path)
+        let route = if self.opts.route_slot && d == 2048 && self.flags_usable() {
             s.flags.ptr
         } else {
             0
@@ -559,6 +549,15 @@ impl CudaModel {
             self.gpu.set_skip(a.passed(name));
         }
         Ok(())
+    }
+
+    /// Whether the next launch may use the layer's flags: the layer's
+    /// clearing launch was recorded and this one is not dropped (an ablation
+    /// capture drops launches, which would leave no signal, or a stale one).
+    fn flags_usable(&self) -> bool {
+        self.flags_cleared
+            .load(std::sync::atomic::Ordering::Relaxed)
+            && !self.gpu.skipping()
     }
 
     /// The position a profiled step runs at (for the KV bytes it reads).
