@@ -196,7 +196,8 @@ __device__ __forceinline__ float conv4_silu(const float* w, const float* h, floa
 // LILY_GDN_DIAG (timing diagnostics, wrong output, BENCHMARKS.md 9th session):
 // 6 the new state not stored; 7 return after the conv; 8 return after the
 // state store. 7 and 8 return before counting: run them with
-// LILY_GDN_SIGNAL=0, or every output projection polls until its fallback.
+// LILY_GDN_SIGNAL unset (the default) or 0, or every output projection polls
+// until its fallback.
 #ifndef LILY_GDN_DIAG
 #define LILY_GDN_DIAG 0
 #endif

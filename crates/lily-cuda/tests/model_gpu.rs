@@ -234,8 +234,8 @@ fn full4_forward_matches_the_cpu() {
         eager == got[n * v..],
         "decode logits differ between the CUDA graph and direct launches"
     );
-    // the GDN output projection started on the core's count (the default) or
-    // on its completion (LILY_GDN_SIGNAL=0): the same arithmetic, bit for bit
+    // the GDN output projection started on the core's count (LILY_GDN_SIGNAL=1)
+    // or on its completion (the default): the same arithmetic, bit for bit
     m.opts.gdn_signal = !m.opts.gdn_signal;
     assert!(
         decode_eager(&m) == eager,
