@@ -5,6 +5,7 @@
 #   tools/gpu_run.sh check           -> kernel tests, full4 vs CPU and vs transformers, quick bench
 #   tools/gpu_run.sh full            -> lily bench (issue sizes) and full 40-layer logits vs transformers
 #   tools/gpu_run.sh peer            -> transformers' own prefill/decode speed on the same weights
+#   tools/gpu_run.sh ncu             -> each decode kernel of one layer cycle alone under Nsight Compute
 # Logs and JSON go to $OUT (or ./gpu-out); a short table is printed last.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -246,6 +247,60 @@ long)
   # 131k prefill with the CUDA-core prefill attention would take minutes)
   timeout 560 "$lily" bench --device cuda --synthetic full --prompt-len 64 --context 4096,32768,131072 --fill zeros --gen 128 --runs 3 \
     > "$out/bench-long.txt" 2> "$out/bench-long.log" && note "$(cat "$out/bench-long.txt")" || note "bench long FAILED: $(tail -3 "$out/bench-long.log")"
+  ;;
+ncu)
+  # Each decode kernel of one layer cycle (3 GDN layers and an attention
+  # layer) alone under Nsight Compute: its isolated duration, DRAM bytes and
+  # stall reasons, i.e. how much of a kernel is its own latency rather than
+  # the dependency gap before it (ncu runs kernels one at a time, so no PDL
+  # overlap; launched eagerly). A decode step has 250 matching launches and
+  # prefill none (qk_prep_kernel, which prefill also runs, is left out).
+  # LILY_NCU_SKIP: matching launches skipped (500 = two steps);
+  # LILY_NCU_COUNT: how many to profile (25 = layers 0-3: three GDN layers
+  # of 6 kernels, an attention layer of 7).
+  ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  kernels='gemv3_kernel|gdn_decode_kernel|gemv_add_norm_kernel|router_decode_kernel|moe_gate_up_kernel|moe_down_norm_kernel|attention_decode_partial_kernel|attention_decode_merge_kernel'
+  if [ -z "$ncu_bin" ]; then
+    note "ncu: not found"
+  elif LILY_CUDA_GRAPH=0 timeout 500 "$ncu_bin" --kernel-name "regex:^($kernels)\$" --launch-skip "${LILY_NCU_SKIP:-500}" \
+      --launch-count "${LILY_NCU_COUNT:-25}" --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --page details \
+      "$lily" bench --device cuda --synthetic full --prompt-len 64 --context 4096 --gen 8 --runs 1 \
+      > "$out/ncu.csv" 2> "$out/ncu.log"; then
+    note "$(python3 - "$out/ncu.csv" <<'PY'
+import csv, sys
+rows = {}
+order = []
+lines = [l for l in open(sys.argv[1]) if l.startswith('"')]
+for r in csv.DictReader(lines):
+    k = (r["ID"], r["Kernel Name"])
+    if k not in rows:
+        rows[k] = {}
+        order.append(k)
+    rows[k][r["Metric Name"]] = (r["Metric Value"], r["Metric Unit"])
+def val(m, name, scale=1.0):
+    v = m.get(name)
+    try:
+        return float(v[0].replace(",", "")) * scale if v else float("nan")
+    except ValueError:
+        return float("nan")
+print(f"{'id':>4} {'kernel':<34} {'us':>8} {'DRAM MB':>8} {'GB/s':>7} {'cyc/issue':>9}")
+for k in order:
+    m = rows[k]
+    dur = m.get("gpu__time_duration.sum") or m.get("Duration")
+    unit = dur[1] if dur else ""
+    us = val(m, "gpu__time_duration.sum" if "gpu__time_duration.sum" in m else "Duration")
+    us *= {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}.get(unit, 1.0)
+    mb = (val(m, "dram__bytes_read.sum") + val(m, "dram__bytes_write.sum"))
+    mu = (m.get("dram__bytes_read.sum") or ("", "byte"))[1]
+    mb *= {"byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0, "Gbyte": 1e3}.get(mu, 1e-6)
+    cpi = val(m, "Warp Cycles Per Issued Instruction")
+    print(f"{k[0]:>4} {k[1][:34]:<34} {us:8.2f} {mb:8.2f} {mb / us * 1e3 if us else 0:7.0f} {cpi:9.1f}")
+PY
+)"
+  else
+    note "ncu FAILED: $(tail -5 "$out/ncu.log" | tr '\n' ' ')"
+  fi
   ;;
 peer)
   (cd tools && PYTHONUNBUFFERED=1 python3 hf_bench.py --synthetic full --lily ../.carry/lily --out "$out/hf-bench.json" > "$out/hf-bench.log" 2>&1) \
