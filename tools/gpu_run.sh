@@ -6,6 +6,7 @@
 #   tools/gpu_run.sh full            -> lily bench (issue sizes) and full 40-layer logits vs transformers
 #   tools/gpu_run.sh peer            -> transformers' own prefill/decode speed on the same weights
 #   tools/gpu_run.sh ncu             -> each decode kernel of one layer cycle alone under Nsight Compute
+#   tools/gpu_run.sh trace           -> one decode step's timeline (LILY_TRACE build of the kernels)
 # Logs and JSON go to $OUT (or ./gpu-out); a short table is printed last.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -247,6 +248,18 @@ long)
   # 131k prefill with the CUDA-core prefill attention would take minutes)
   timeout 560 "$lily" bench --device cuda --synthetic full --prompt-len 64 --context 4096,32768,131072 --fill zeros --gen 128 --runs 3 \
     > "$out/bench-long.txt" 2> "$out/bench-long.log" && note "$(cat "$out/bench-long.txt")" || note "bench long FAILED: $(tail -3 "$out/bench-long.log")"
+  ;;
+trace)
+  # one decode step's timeline from the kernels' LILY_TRACE diagnostic (a
+  # run-time define: no rebuild): every launch's blocks' start, release from
+  # the PDL wait and exit (crates/lily-cuda/src/trace.rs), summarised per
+  # kernel by tools/trace_step.py (the bench's own tok/s are of the traced
+  # build, slower than the plain one)
+  LILY_KERNEL_DEFINES="LILY_TRACE=1${LILY_KERNEL_DEFINES:+,$LILY_KERNEL_DEFINES}" timeout 300 "$lily" bench --device cuda --synthetic full \
+      --prompt-len 64 --context "${LILY_CONTEXTS:-4096,32768}" --gen 64 --runs 2 --trace "$out/trace" \
+      > "$out/bench-trace.txt" 2> "$out/bench-trace.log" \
+    && note "$(python3 tools/trace_step.py "$out"/trace/trace-*.csv 2>&1)" \
+    || note "trace FAILED: $(tail -3 "$out/bench-trace.log")"
   ;;
 ncu)
   # Each decode kernel of one layer cycle (3 GDN layers and an attention

@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use lily_engine::backend::Backend;
 use lily_engine::generate::Model;
@@ -47,6 +47,12 @@ pub struct BenchArgs {
     /// cache's contents
     #[arg(long, value_enum, default_value_t = Fill::Prefill)]
     pub fill: Fill,
+    /// CUDA, kernels built with the trace diagnostic
+    /// (LILY_KERNEL_DEFINES=LILY_TRACE=1): after each context's timed runs,
+    /// write one decode step's timeline (every launch: its blocks' start,
+    /// release from the PDL wait, exit) to DIR/trace-<context>.csv
+    #[arg(long, value_name = "DIR")]
+    pub trace: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -137,6 +143,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let b = dev.load(&a.model, !a.json)?;
     let load_s = t0.elapsed().as_secs_f64();
     let cuda = matches!(b, Backend::Cuda(_));
+    if a.trace.is_some() && !cuda {
+        bail!("--trace times the CUDA kernels: it needs --device cuda");
+    }
     let prompts = if a.prompt_len.is_empty() {
         if cuda {
             vec![512, 4096, 16_384]
@@ -215,6 +224,24 @@ pub fn run(a: BenchArgs) -> Result<()> {
             row["step_bytes"] = json!(bytes);
             row["floor_tok_s"] = json!(floor_tok_s);
             row["pct_of_floor"] = json!(100.0 * (gen as f64 / s) / floor_tok_s);
+            if let Some(dir) = &a.trace {
+                if !m.gpu.tracing() {
+                    bail!("--trace needs kernels built with LILY_KERNEL_DEFINES=LILY_TRACE=1");
+                }
+                // two steps after emptying the rings: the last is whole
+                m.gpu.trace_clear()?;
+                decode(&b, &mut st, tok, 2)?;
+                let steps = lily_cuda::trace::last_step(&m.gpu.trace_records()?);
+                std::fs::create_dir_all(dir)?;
+                let path = dir.join(format!("trace-{c}.csv"));
+                std::fs::write(&path, lily_cuda::trace::launches_csv(&steps))
+                    .with_context(|| format!("writing {}", path.display()))?;
+                eprintln!(
+                    "lily: {} launches of one decode step at context {c} -> {}",
+                    steps.len(),
+                    path.display()
+                );
+            }
             if a.profile {
                 // the state is spent after this: the profiled step replays
                 if let lily_engine::backend::BackendState::Cuda(cs) = &mut st {

@@ -14,6 +14,7 @@ extern "C" __global__ void qk_prep_kernel(const float* __restrict__ qg, const fl
                                           float* __restrict__ q_out, bf16* __restrict__ kcache,
                                           bf16* __restrict__ vcache, int Hq, int Hkv, int Dh, int rot,
                                           float theta, float eps, int gated) {
+    TRACE(TK_QK_PREP);
     __shared__ float buf[1024];
     pdl_wait();
     pdl_trigger();
@@ -162,6 +163,7 @@ extern "C" __global__ void attention_decode_partial_kernel(const float* __restri
                                                            const bf16* __restrict__ vcache,
                                                            const int* __restrict__ pos_ptr, float* __restrict__ part,
                                                            int Hq, int Hkv, int Dh, int splits, float scale) {
+    TRACE(TK_ATTN_PARTIAL);
     __shared__ __align__(16) float sm_p[ATTD_WARPS][ATTD_BATCH][ATTD_HEADS];
     __shared__ __align__(16) float sm_c[ATTD_WARPS][ATTD_HEADS];
     __shared__ __align__(16) float sm_acc[ATTD_WARPS][ATTD_HEADS][256];
@@ -347,6 +349,7 @@ extern "C" __global__ void attention_decode_partial_kernel(const float* __restri
 extern "C" __global__ void attention_decode_merge_kernel(const float* __restrict__ part, const float* __restrict__ qg,
                                                          bf16* __restrict__ out, int Hq, int Dh, int splits,
                                                          int gated) {
+    TRACE(TK_ATTN_MERGE);
     __shared__ float sm_w[ATTD_MAX_SPLITS];
     __shared__ float sm_o[ATTD_MERGE_WARPS][32];
     __shared__ float sm_red[ATTD_MERGE_WARPS];

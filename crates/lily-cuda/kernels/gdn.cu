@@ -208,6 +208,7 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
                       const float* __restrict__ z, const float* __restrict__ w,
                       float* __restrict__ S, bf16* __restrict__ out, int Hk, int Hv, float eps,
                       unsigned* __restrict__ done) {
+    TRACE(TK_GDN_DECODE);
     __shared__ float4 red_u[8][GDN_DEC_COLS / 4], red_q[8][GDN_DEC_COLS / 4];
     // the head's 4 blocks' sums of o^2, each pushed here by its block
     __shared__ float parts[GDN_DEC_HEAD_BLOCKS];

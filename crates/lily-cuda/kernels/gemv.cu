@@ -8,6 +8,7 @@
 // and its 2-pass staging path for K = 4096 would otherwise cost a block.)
 extern "C" __global__ void __launch_bounds__(256, 3) gemv_kernel(const bf16* __restrict__ W, const bf16* __restrict__ x,
                                        float* __restrict__ y, int N, int K) {
+    TRACE(TK_GEMV);
     int lane = threadIdx.x & 31;
     long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     bool ok = row < N;
@@ -43,6 +44,7 @@ extern "C" __global__ void gemv3_kernel(const bf16* __restrict__ x, int K,
                                         const bf16* __restrict__ W2, float* __restrict__ y2, int N2,
                                         const float* __restrict__ xf, const float* __restrict__ w1p, float eps,
                                         unsigned long long* __restrict__ clear, int nclear) {
+    TRACE(TK_GEMV3);
     int lane = threadIdx.x & 31;
     long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const bf16* W;
@@ -82,6 +84,7 @@ extern "C" __global__ void gemv_add_norm_kernel(const bf16* __restrict__ W, cons
                                                 int D, int K, float* __restrict__ x, const float* __restrict__ w1p,
                                                 bf16* out, float eps, unsigned* __restrict__ counter,
                                                 const unsigned* __restrict__ ready, unsigned nready) {
+    TRACE(TK_GEMV_ADD_NORM);
     int lane = threadIdx.x & 31;
     long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     bool ok = row < D;

@@ -140,6 +140,7 @@ extern "C" __global__ void router_decode_kernel(const bf16* __restrict__ W, cons
                                                 float* __restrict__ logits, int D, int E,
                                                 const float* __restrict__ xf, const float* __restrict__ w1p,
                                                 float eps, bf16* __restrict__ xn) {
+    TRACE(TK_ROUTER);
     int lane = threadIdx.x & 31;
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     bool ok = row <= E;
@@ -294,6 +295,7 @@ extern "C" __global__ void __launch_bounds__(256, 3)
                        const bf16* __restrict__ shared_gate_up, const int* __restrict__ idx, bf16* __restrict__ h,
                        int D, int F, int Fs, int K, const float* __restrict__ logits, int E,
                        RouteSlot* __restrict__ route) {
+    TRACE(TK_GATE_UP);
     int lane = threadIdx.x & 31;
     int f = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int slot = blockIdx.y == 0 ? K : (int)blockIdx.y - 1;
@@ -405,6 +407,7 @@ extern "C" __global__ void moe_down_norm_kernel(const bf16* __restrict__ h, cons
                                                 int D, int F, int Fs, int K, const float* __restrict__ w1p,
                                                 bf16* __restrict__ out, float eps, unsigned* __restrict__ counter,
                                                 const RouteSlot* __restrict__ route) {
+    TRACE(TK_DOWN);
     int d = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     bool ok = d < D;

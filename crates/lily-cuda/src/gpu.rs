@@ -118,6 +118,9 @@ pub struct Gpu {
     /// set by the ablation profile: launches are dropped while it holds
     skip: std::sync::atomic::AtomicBool,
     pub name: String,
+    /// the modules built with LILY_TRACE: device addresses of their
+    /// per-SM record counts and record rings (crate::trace)
+    pub(crate) trace: Vec<(u64, u64)>,
 }
 
 // SAFETY: the cuBLAS handle is only used from the thread that owns the Gpu
@@ -149,6 +152,10 @@ impl Gpu {
         unsafe { cudarc::cublas::result::set_stream(blas, stream.cu_stream() as _) }
             .map_err(|e| anyhow!("cuBLAS: {e:?}"))?;
         let mut funcs = HashMap::new();
+        let mut trace = Vec::new();
+        let traced = kernel_defines()?
+            .iter()
+            .any(|d| d.starts_with("LILY_TRACE=") && d != "LILY_TRACE=0");
         // LILY_PDL=0 launches every kernel plainly (to measure what PDL saves)
         let pdl_on = std::env::var("LILY_PDL").map(|v| v != "0").unwrap_or(true);
         for CompiledFile { file, ptx, kernels } in compile_kernels()? {
@@ -161,6 +168,21 @@ impl Gpu {
                     .map_err(|e| anyhow!("kernel {name}: {e:?}"))?;
                 funcs.insert(name, (f, waits && pdl_on));
             }
+            // a LILY_TRACE build: the module's timeline records (crate::trace)
+            if !traced {
+                continue;
+            }
+            let global = |name: &str| {
+                module.get_global(name, &stream).ok().map(|v| {
+                    use cudarc::driver::DevicePtr;
+                    v.device_ptr(&stream).0
+                })
+            };
+            if let (Some(count), Some(recs)) =
+                (global("lily_trace_count"), global("lily_trace_rec"))
+            {
+                trace.push((count, recs));
+            }
         }
         Ok(Gpu {
             ctx,
@@ -169,6 +191,7 @@ impl Gpu {
             funcs,
             skip: Default::default(),
             name,
+            trace,
         })
     }
 

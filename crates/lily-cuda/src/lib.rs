@@ -8,6 +8,7 @@ pub mod gpu;
 pub mod model;
 pub mod profile;
 pub mod sampling;
+pub mod trace;
 pub mod weights;
 
 pub use model::{CudaModel, CudaOptions, CudaState};

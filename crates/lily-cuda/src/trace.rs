@@ -1,0 +1,206 @@
+//! The decode step's timeline, from a build with the kernels' LILY_TRACE
+//! diagnostic (`LILY_KERNEL_DEFINES=LILY_TRACE=1`; kernels/common.cuh TRACE):
+//! every block of a traced kernel records on the GPU's global timer when it
+//! started, when its first PDL wait released it and when it exited. Grouped
+//! into launches, that shows where a step's time goes between kernels (the
+//! wait for a producer's completion, the work after it), which the in-graph
+//! profile (remove a group, time the rest) cannot separate.
+//!
+//! Launches are recovered from the records alone: a kernel launched after
+//! another (PDL or not) has no block start before every block of the one
+//! before it has started (the next launch begins only once all of them have
+//! passed their trigger or exited), so in start order each launch's blocks
+//! are one run of the same kernel id.
+//!
+//! The records cost one atomic per block (its result first needed at the
+//! exit) and a few stores at the exit; the gemv and gate/up kernels spill a
+//! few bytes in this build. Read the times as a picture of the step, and
+//! keep speed figures to builds without the trace.
+
+use anyhow::Result;
+
+use crate::gpu::Gpu;
+
+/// common.cuh TRACE_SMS and TRACE_PER_SM: the rings' shape.
+const TRACE_SMS: usize = 160;
+const TRACE_PER_SM: usize = 4096;
+
+/// The traced kernels by id (common.cuh TK_*).
+pub const TRACE_KERNELS: [&str; 14] = [
+    "?",
+    "embed",
+    "gemv3 (in proj)",
+    "gdn core",
+    "out proj",
+    "router",
+    "gate/up",
+    "down",
+    "qk prep",
+    "attn partial",
+    "attn merge",
+    "lm_head",
+    "argmax blocks",
+    "argmax finish",
+];
+const TK_EMBED: u32 = 1;
+
+/// One block's record (common.cuh TraceRec): global timer, ns.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub struct TraceRec {
+    pub t0: u64,
+    /// after the first PDL wait (0: the block never waited)
+    pub t1: u64,
+    pub t2: u64,
+    pub kid: u32,
+    pub block: u32,
+}
+
+/// One launch of the step: its blocks' times in us from the step's start.
+#[derive(Clone, Debug)]
+pub struct TraceLaunch {
+    pub kernel: &'static str,
+    pub blocks: usize,
+    pub start: (f64, f64),
+    /// (first, last) release from the PDL wait; None if no block waited
+    pub wait: Option<(f64, f64)>,
+    pub exit: (f64, f64),
+}
+
+impl Gpu {
+    /// Whether the kernels were built with LILY_TRACE.
+    pub fn tracing(&self) -> bool {
+        !self.trace.is_empty()
+    }
+
+    /// Empty every module's record rings.
+    pub fn trace_clear(&self) -> Result<()> {
+        for &(count, _) in &self.trace {
+            self.zero(count, TRACE_SMS * 4)?;
+        }
+        self.sync()
+    }
+
+    /// Every record the rings hold (the latest TRACE_PER_SM of each SM and
+    /// module), in no particular order.
+    pub fn trace_records(&self) -> Result<Vec<TraceRec>> {
+        let mut all = Vec::new();
+        for &(count, recs) in &self.trace {
+            let counts: Vec<u32> = self.download(count, TRACE_SMS)?;
+            let ring: Vec<TraceRec> = self.download(recs, TRACE_SMS * TRACE_PER_SM)?;
+            for (sm, &c) in counts.iter().enumerate() {
+                let n = (c as usize).min(TRACE_PER_SM);
+                all.extend_from_slice(&ring[sm * TRACE_PER_SM..sm * TRACE_PER_SM + n]);
+            }
+        }
+        Ok(all)
+    }
+}
+
+/// The launches of the last decode step in `recs` (from its embedding
+/// lookup, the step's first kernel, to the end), in order.
+pub fn last_step(recs: &[TraceRec]) -> Vec<TraceLaunch> {
+    let mut r: Vec<TraceRec> = recs.to_vec();
+    r.sort_by_key(|x| (x.t0, x.kid, x.block));
+    let Some(first) = r.iter().rposition(|x| x.kid == TK_EMBED) else {
+        return Vec::new();
+    };
+    let r = &r[first..];
+    let t = r[0].t0;
+    let us = |ns: u64| ns.saturating_sub(t) as f64 / 1e3;
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < r.len() {
+        let mut j = i;
+        while j < r.len() && r[j].kid == r[i].kid {
+            j += 1;
+        }
+        let g = &r[i..j];
+        let min_max = |f: &dyn Fn(&TraceRec) -> u64| {
+            let v = g.iter().map(f);
+            (us(v.clone().min().unwrap()), us(v.max().unwrap()))
+        };
+        let waited: Vec<u64> = g.iter().map(|x| x.t1).filter(|&x| x > 0).collect();
+        out.push(TraceLaunch {
+            kernel: TRACE_KERNELS.get(r[i].kid as usize).copied().unwrap_or("?"),
+            blocks: g.len(),
+            start: min_max(&|x| x.t0),
+            wait: (!waited.is_empty()).then(|| {
+                (
+                    us(*waited.iter().min().unwrap()),
+                    us(*waited.iter().max().unwrap()),
+                )
+            }),
+            exit: min_max(&|x| x.t2),
+        });
+        i = j;
+    }
+    out
+}
+
+/// The launches as CSV (one row each; times in us from the step's start).
+pub fn launches_csv(launches: &[TraceLaunch]) -> String {
+    let mut s = String::from(
+        "launch,kernel,blocks,first_start,last_start,first_wait,last_wait,first_exit,last_exit\n",
+    );
+    for (i, l) in launches.iter().enumerate() {
+        let (w0, w1) = l.wait.map_or((String::new(), String::new()), |(a, b)| {
+            (format!("{a:.3}"), format!("{b:.3}"))
+        });
+        s += &format!(
+            "{i},{},{},{:.3},{:.3},{w0},{w1},{:.3},{:.3}\n",
+            l.kernel, l.blocks, l.start.0, l.start.1, l.exit.0, l.exit.1
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(kid: u32, block: u32, t0: u64, t1: u64, t2: u64) -> TraceRec {
+        TraceRec {
+            t0,
+            t1,
+            t2,
+            kid,
+            block,
+        }
+    }
+
+    #[test]
+    fn the_last_step_splits_into_launches() {
+        let recs = [
+            // an earlier step, then the last one: embed, two gemv3 blocks,
+            // then the core, whose blocks start before gemv3's exit (PDL)
+            rec(1, 0, 100, 110, 120),
+            rec(2, 0, 130, 140, 150),
+            rec(1, 0, 1_000, 1_010, 1_100),
+            rec(2, 1, 1_050, 1_120, 2_000),
+            rec(2, 0, 1_040, 1_110, 2_100),
+            rec(3, 0, 1_900, 2_200, 2_600),
+            rec(3, 1, 1_950, 0, 2_500),
+        ];
+        let l = last_step(&recs);
+        assert_eq!(l.len(), 3);
+        assert_eq!((l[0].kernel, l[0].blocks), ("embed", 1));
+        assert_eq!((l[1].kernel, l[1].blocks), ("gemv3 (in proj)", 2));
+        assert_eq!(l[1].start, (0.04, 0.05));
+        assert_eq!(l[1].wait, Some((0.11, 0.12)));
+        assert_eq!(l[1].exit, (1.0, 1.1));
+        assert_eq!(l[2].kernel, "gdn core");
+        assert_eq!(l[2].wait, Some((1.2, 1.2)));
+        let csv = launches_csv(&l);
+        assert!(csv
+            .lines()
+            .nth(3)
+            .unwrap()
+            .starts_with("2,gdn core,2,0.900,0.950,1.200,1.200,1.500,1.600"));
+    }
+
+    #[test]
+    fn no_embed_no_step() {
+        assert!(last_step(&[rec(2, 0, 1, 2, 3)]).is_empty());
+    }
+}

@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Summarise one decode step's timeline (`lily bench --trace DIR`, kernels
+built with LILY_KERNEL_DEFINES=LILY_TRACE=1): per kernel, over its launches
+in the step, where its share of the step goes.
+
+For launch i after launch i-1 (times in us, from the CSV):
+- span: last_exit[i] - last_exit[i-1], its share of the critical path
+  (the spans add up to the step);
+- release: first_wait[i] - last_exit[i-1], from the producer's last block
+  leaving to this kernel's first block passing its PDL wait (completion,
+  memory flush, the wait's own latency);
+- after: last_exit[i] - first_wait[i], from the first release to the last
+  block leaving (its own latency chain and the bytes it streams after the
+  wait);
+- early: first_wait[i] - first_start[i], how long its first blocks were
+  resident before their inputs were ready (the prologue PDL overlaps).
+A kernel whose blocks never wait counts from its first start instead.
+
+usage: trace_step.py trace-4096.csv [more.csv ...]
+"""
+import csv
+import sys
+from collections import OrderedDict
+
+
+def load(path):
+    rows = []
+    with open(path) as f:
+        for r in csv.DictReader(f):
+            for k in ("first_start", "last_start", "first_wait", "last_wait", "first_exit", "last_exit"):
+                r[k] = float(r[k]) if r[k] != "" else None
+            r["blocks"] = int(r["blocks"])
+            rows.append(r)
+    return rows
+
+
+def summarise(rows):
+    per = OrderedDict()
+    prev_exit = 0.0
+    for r in rows:
+        rel = r["first_wait"] if r["first_wait"] is not None else r["first_start"]
+        # by kernel and grid size: the GDN and attention layers' projections differ
+        s = per.setdefault((r["kernel"], r["blocks"]), {"n": 0, "blocks": r["blocks"], "span": 0.0, "release": 0.0,
+                                         "after": 0.0, "early": 0.0})
+        s["n"] += 1
+        s["span"] += r["last_exit"] - prev_exit
+        s["release"] += rel - prev_exit
+        s["after"] += r["last_exit"] - rel
+        s["early"] += rel - r["first_start"]
+        prev_exit = r["last_exit"]
+    return per, prev_exit
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    for path in sys.argv[1:]:
+        rows = load(path)
+        per, step = summarise(rows)
+        print(f"{path}: {len(rows)} launches, step {step:.1f} us (first start to last exit)")
+        print(f"{'kernel':<16} {'launches':>8} {'blocks':>7} {'span us':>9} {'share':>6} "
+              f"{'release/launch':>14} {'after/launch':>12} {'early/launch':>12}")
+        for k, s in sorted(per.items(), key=lambda kv: -kv[1]["span"]):
+            n = s["n"]
+            print(f"{k[0]:<16} {n:>8} {s['blocks']:>7} {s['span']:>9.1f} {100 * s['span'] / step:>5.1f}% "
+                  f"{s['release'] / n:>14.2f} {s['after'] / n:>12.2f} {s['early'] / n:>12.2f}")
+
+
+if __name__ == "__main__":
+    main()
