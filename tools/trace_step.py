@@ -14,7 +14,9 @@ For launch i after launch i-1 (times in us, from the CSV):
   wait);
 - early: first_wait[i] - first_start[i], how long its first blocks were
   resident before their inputs were ready (the prologue PDL overlaps).
-A kernel whose blocks never wait counts from its first start instead.
+A kernel whose blocks never wait counts from its first start instead. (With
+LILY_GDN_SIGNAL=1 the GDN output projection is released by the core's count
+before the core exits, so its release can read negative.)
 
 usage: trace_step.py trace-4096.csv [more.csv ...]
 """

@@ -126,7 +126,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     let t0 = Instant::now();
     // room for the longest prompt, or the longest context plus the warm-up
-    // and the timed decode segments that follow it
+    // and the timed decode segments that follow it (and --trace's two steps)
     let longest = a
         .prompt_len
         .iter()
@@ -135,7 +135,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .copied()
         .unwrap_or(32_768)
         .max(if a.context.is_empty() { 32_768 } else { 0 })
-        + (a.runs + 1) * a.gen.unwrap_or(128);
+        + (a.runs + 1) * a.gen.unwrap_or(128)
+        + if a.trace.is_some() { 2 } else { 0 };
     let dev = DeviceArgs {
         max_seq: a.device.max_seq.max(longest),
         ..a.device.clone()

@@ -149,6 +149,83 @@ __device__ __forceinline__ bool last_block_add_norm(float* __restrict__ x, const
     return true;
 }
 
+// Decode-step timeline (LILY_TRACE, a timing diagnostic: built only with
+// LILY_KERNEL_DEFINES=LILY_TRACE=1, read back by crate::trace). Each block of
+// a traced kernel (TRACE(id) at its top) records, from thread 0, the global
+// timer (ns) at its start, after its first PDL wait and at its exit (the
+// scope's destructor, whichever return it takes), with the kernel id and its
+// block index. Every module shares one ticket counter and one ring (device
+// buffers whose addresses the host writes into each module's constants at
+// load): a block takes its ticket at its start, so tickets order all traced
+// blocks as they started (a launch's blocks all start before the next
+// launch's first one), however coarse the timer. The ticket's atomic is
+// issued at the start and its result first used at the exit (the empty asm
+// keeps the compiler from moving that use up), so no block waits on it; the
+// record is written by plain stores at the exit.
+#if defined(LILY_TRACE) && LILY_TRACE
+struct TraceRec {
+    u64 t0, t1, t2;
+    unsigned kid, block;
+};
+__constant__ unsigned* lily_trace_ticket;
+__constant__ TraceRec* lily_trace_ring;
+__constant__ unsigned lily_trace_mask;  // ring length - 1 (a power of two)
+__shared__ u64 lily_trace_waited;
+__device__ __forceinline__ u64 trace_now() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+// (x only: every traced kernel has 1D blocks, and a test ptxas can see is
+// one lane keeps the ticket's atomic a plain one, not a warp-wide one that
+// hands its result to the other lanes at once)
+__device__ __forceinline__ bool trace_thread() { return threadIdx.x == 0; }
+struct TraceScope {
+    u64 t0;
+    unsigned kid, slot;
+    __device__ __forceinline__ explicit TraceScope(unsigned id) : t0(0), kid(id), slot(0) {
+        if (trace_thread()) {
+            t0 = trace_now();
+            lily_trace_waited = 0;
+            slot = atomicAdd(lily_trace_ticket, 1u);
+        }
+        asm volatile("" : "+r"(slot));
+    }
+    __device__ __forceinline__ ~TraceScope() {
+        if (trace_thread()) {
+            TraceRec r;
+            r.t0 = t0;
+            r.t1 = lily_trace_waited;
+            r.t2 = trace_now();
+            r.kid = kid;
+            r.block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+            lily_trace_ring[slot & lily_trace_mask] = r;
+        }
+    }
+};
+#define TRACE(id) TraceScope lily_trace_scope_(id)
+__device__ __forceinline__ void trace_waited() {
+    if (trace_thread() && lily_trace_waited == 0) lily_trace_waited = trace_now();
+}
+#else
+#define TRACE(id)
+__device__ __forceinline__ void trace_waited() {}
+#endif
+// the traced kernels' ids (crates/lily-cuda/src/trace.rs TRACE_KERNELS names them)
+#define TK_EMBED 1
+#define TK_GEMV3 2
+#define TK_GDN_DECODE 3
+#define TK_GEMV_ADD_NORM 4
+#define TK_ROUTER 5
+#define TK_GATE_UP 6
+#define TK_DOWN 7
+#define TK_QK_PREP 8
+#define TK_ATTN_PARTIAL 9
+#define TK_ATTN_MERGE 10
+#define TK_GEMV 11
+#define TK_ARGMAX_BLOCKS 12
+#define TK_ARGMAX_FINISH 13
+
 // Programmatic dependent launch (sm_90). gpu.rs launches every kernel whose
 // body calls pdl_wait() with programmatic stream serialization, so its blocks
 // may be scheduled while the kernel before it is still finishing: the launch
@@ -168,82 +245,6 @@ __device__ __forceinline__ bool last_block_add_norm(float* __restrict__ x, const
 // with the previous kernel's blocks, which may have cached the old contents
 // of a buffer that kernel then rewrote (gemv_add_norm reads h, then its last
 // block writes h), and no launch boundary invalidates those lines.
-// Decode-step timeline (LILY_TRACE, a timing diagnostic: built only with
-// LILY_KERNEL_DEFINES=LILY_TRACE=1, read back by `Gpu::trace_records`).
-// Each block of a traced kernel (TRACE(id) at its top) records, from thread
-// 0, the global timer (ns) at its start, after its first PDL wait and at its
-// exit (the scope's destructor, whichever return it takes), with the kernel
-// id and its block index, into a ring per SM in the module's memory. The ring
-// slot comes from an atomic issued at the start whose result is first needed
-// at the exit, so no block waits on it; each record is written by plain
-// stores at the exit.
-#if defined(LILY_TRACE) && LILY_TRACE
-#define TRACE_SMS 160
-#define TRACE_PER_SM 4096
-struct TraceRec {
-    u64 t0, t1, t2;
-    unsigned kid, block;
-};
-__device__ unsigned lily_trace_count[TRACE_SMS];
-__device__ TraceRec lily_trace_rec[TRACE_SMS * TRACE_PER_SM];
-__shared__ u64 lily_trace_waited;
-__device__ __forceinline__ u64 trace_now() {
-    u64 t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-__device__ __forceinline__ unsigned trace_smid() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ bool trace_thread() { return threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0; }
-struct TraceScope {
-    u64 t0;
-    unsigned kid, sm, slot;
-    __device__ __forceinline__ explicit TraceScope(unsigned id) : t0(0), kid(id), sm(0), slot(0) {
-        if (trace_thread()) {
-            t0 = trace_now();
-            lily_trace_waited = 0;
-            sm = trace_smid() % TRACE_SMS;
-            slot = atomicAdd(&lily_trace_count[sm], 1u);
-        }
-    }
-    __device__ __forceinline__ ~TraceScope() {
-        if (trace_thread()) {
-            TraceRec r;
-            r.t0 = t0;
-            r.t1 = lily_trace_waited;
-            r.t2 = trace_now();
-            r.kid = kid;
-            r.block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-            lily_trace_rec[(long)sm * TRACE_PER_SM + slot % TRACE_PER_SM] = r;
-        }
-    }
-};
-#define TRACE(id) TraceScope lily_trace_scope_(id)
-__device__ __forceinline__ void trace_waited() {
-    if (trace_thread() && lily_trace_waited == 0) lily_trace_waited = trace_now();
-}
-#else
-#define TRACE(id)
-__device__ __forceinline__ void trace_waited() {}
-#endif
-// the traced kernels' ids (crates/lily-cuda/src/gpu.rs TRACE_KERNELS names them)
-#define TK_EMBED 1
-#define TK_GEMV3 2
-#define TK_GDN_DECODE 3
-#define TK_GEMV_ADD_NORM 4
-#define TK_ROUTER 5
-#define TK_GATE_UP 6
-#define TK_DOWN 7
-#define TK_QK_PREP 8
-#define TK_ATTN_PARTIAL 9
-#define TK_ATTN_MERGE 10
-#define TK_GEMV 11
-#define TK_ARGMAX_BLOCKS 12
-#define TK_ARGMAX_FINISH 13
-
 __device__ __forceinline__ void pdl_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     trace_waited();

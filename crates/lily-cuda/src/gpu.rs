@@ -109,6 +109,9 @@ pub enum Arg {
 }
 
 pub struct Gpu {
+    /// a LILY_TRACE build's ticket counter and record ring (crate::trace);
+    /// first, so that it is freed while the context is alive
+    pub(crate) trace: Option<crate::trace::TraceBufs>,
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     pub blas: cublas_sys::cublasHandle_t,
@@ -118,9 +121,6 @@ pub struct Gpu {
     /// set by the ablation profile: launches are dropped while it holds
     skip: std::sync::atomic::AtomicBool,
     pub name: String,
-    /// the modules built with LILY_TRACE: device addresses of their
-    /// per-SM record counts and record rings (crate::trace)
-    pub(crate) trace: Vec<(u64, u64)>,
 }
 
 // SAFETY: the cuBLAS handle is only used from the thread that owns the Gpu
@@ -152,7 +152,7 @@ impl Gpu {
         unsafe { cudarc::cublas::result::set_stream(blas, stream.cu_stream() as _) }
             .map_err(|e| anyhow!("cuBLAS: {e:?}"))?;
         let mut funcs = HashMap::new();
-        let mut trace = Vec::new();
+        let mut modules = Vec::new();
         let traced = kernel_defines()?
             .iter()
             .any(|d| d.starts_with("LILY_TRACE=") && d != "LILY_TRACE=0");
@@ -168,31 +168,21 @@ impl Gpu {
                     .map_err(|e| anyhow!("kernel {name}: {e:?}"))?;
                 funcs.insert(name, (f, waits && pdl_on));
             }
-            // a LILY_TRACE build: the module's timeline records (crate::trace)
-            if !traced {
-                continue;
-            }
-            let global = |name: &str| {
-                module.get_global(name, &stream).ok().map(|v| {
-                    use cudarc::driver::DevicePtr;
-                    v.device_ptr(&stream).0
-                })
-            };
-            if let (Some(count), Some(recs)) =
-                (global("lily_trace_count"), global("lily_trace_rec"))
-            {
-                trace.push((count, recs));
-            }
+            modules.push(module);
         }
-        Ok(Gpu {
+        let mut gpu = Gpu {
             ctx,
             stream,
             blas,
             funcs,
             skip: Default::default(),
             name,
-            trace,
-        })
+            trace: None,
+        };
+        if traced {
+            gpu.trace = Some(crate::trace::TraceBufs::new(&gpu, &modules)?);
+        }
+        Ok(gpu)
     }
 
     pub fn free_memory(&self) -> Result<(usize, usize)> {

@@ -6,24 +6,29 @@
 //! wait for a producer's completion, the work after it), which the in-graph
 //! profile (remove a group, time the rest) cannot separate.
 //!
-//! Launches are recovered from the records alone: a kernel launched after
-//! another (PDL or not) has no block start before every block of the one
-//! before it has started (the next launch begins only once all of them have
-//! passed their trigger or exited), so in start order each launch's blocks
-//! are one run of the same kernel id.
+//! Launches are recovered from the records alone: every block takes a ticket
+//! from one counter as it starts, and a launch (PDL or not) starts no block
+//! before every block of the launch before it has started (the next launch
+//! begins only once all of them have passed their trigger or exited), so in
+//! ticket order each launch's blocks are one run of the same kernel id, even
+//! where the timer's ticks are too coarse to order them.
 //!
 //! The records cost one atomic per block (its result first needed at the
-//! exit) and a few stores at the exit; the gemv and gate/up kernels spill a
-//! few bytes in this build. Read the times as a picture of the step, and
-//! keep speed figures to builds without the trace.
+//! exit), a few stores at the exit and a few registers (ptxas, sm_90a: the
+//! lm_head gemv and gate/up kernels, held to 80, spill 12 and 24 bytes;
+//! gemv3 keeps its 64). Read the times as a picture of the step, and keep
+//! speed figures to builds without the trace.
 
-use anyhow::Result;
+use std::sync::Arc;
 
-use crate::gpu::Gpu;
+use anyhow::{anyhow, Result};
+use cudarc::driver::CudaModule;
 
-/// common.cuh TRACE_SMS and TRACE_PER_SM: the rings' shape.
-const TRACE_SMS: usize = 160;
-const TRACE_PER_SM: usize = 4096;
+use crate::gpu::{DevBuf, Gpu};
+
+/// Records the ring holds (a power of two): two decode steps of the released
+/// model are ~280,000 blocks.
+const RING: usize = 1 << 20;
 
 /// The traced kernels by id (common.cuh TK_*).
 pub const TRACE_KERNELS: [&str; 14] = [
@@ -67,46 +72,77 @@ pub struct TraceLaunch {
     pub exit: (f64, f64),
 }
 
+/// The ticket counter and the ring every traced module writes to.
+pub(crate) struct TraceBufs {
+    ticket: DevBuf,
+    ring: DevBuf,
+}
+
+impl TraceBufs {
+    /// Allocate them and give their addresses to every module (its
+    /// `__constant__` lily_trace_ticket, lily_trace_ring, lily_trace_mask).
+    pub(crate) fn new(gpu: &Gpu, modules: &[Arc<CudaModule>]) -> Result<TraceBufs> {
+        let ticket = gpu.alloc(4)?;
+        gpu.zero(ticket.ptr, 4)?;
+        let ring = gpu.alloc(RING * std::mem::size_of::<TraceRec>())?;
+        for m in modules {
+            let global = |name: &str| -> Result<u64> {
+                use cudarc::driver::DevicePtr;
+                let v = m
+                    .get_global(name, &gpu.stream)
+                    .map_err(|e| anyhow!("LILY_TRACE: {name}: {e:?}"))?;
+                let p = v.device_ptr(&gpu.stream).0;
+                Ok(p)
+            };
+            gpu.upload(global("lily_trace_ticket")?, &[ticket.ptr])?;
+            gpu.upload(global("lily_trace_ring")?, &[ring.ptr])?;
+            gpu.upload(global("lily_trace_mask")?, &[(RING - 1) as u32])?;
+        }
+        gpu.sync()?;
+        Ok(TraceBufs { ticket, ring })
+    }
+}
+
 impl Gpu {
     /// Whether the kernels were built with LILY_TRACE.
     pub fn tracing(&self) -> bool {
-        !self.trace.is_empty()
+        self.trace.is_some()
     }
 
-    /// Empty every module's record rings.
+    /// Empty the ring (the next block takes ticket 0).
     pub fn trace_clear(&self) -> Result<()> {
-        for &(count, _) in &self.trace {
-            self.zero(count, TRACE_SMS * 4)?;
+        if let Some(t) = &self.trace {
+            self.zero(t.ticket.ptr, 4)?;
         }
         self.sync()
     }
 
-    /// Every record the rings hold (the latest TRACE_PER_SM of each SM and
-    /// module), in no particular order.
+    /// The records the ring holds (the latest RING), in ticket order: the
+    /// order the blocks started in.
     pub fn trace_records(&self) -> Result<Vec<TraceRec>> {
-        let mut all = Vec::new();
-        for &(count, recs) in &self.trace {
-            let counts: Vec<u32> = self.download(count, TRACE_SMS)?;
-            let ring: Vec<TraceRec> = self.download(recs, TRACE_SMS * TRACE_PER_SM)?;
-            for (sm, &c) in counts.iter().enumerate() {
-                let n = (c as usize).min(TRACE_PER_SM);
-                all.extend_from_slice(&ring[sm * TRACE_PER_SM..sm * TRACE_PER_SM + n]);
-            }
-        }
-        Ok(all)
+        let Some(t) = &self.trace else {
+            return Ok(Vec::new());
+        };
+        let n = self.download::<u32>(t.ticket.ptr, 1)?[0] as usize;
+        let ring: Vec<TraceRec> = self.download(t.ring.ptr, n.min(RING))?;
+        Ok(if n <= RING {
+            ring
+        } else {
+            let split = n % RING;
+            [&ring[split..], &ring[..split]].concat()
+        })
     }
 }
 
-/// The launches of the last decode step in `recs` (from its embedding
-/// lookup, the step's first kernel, to the end), in order.
+/// The launches of the last decode step in `recs` (in ticket order, as
+/// `trace_records` gives them; from the step's first kernel, its embedding
+/// lookup, to the end), in order.
 pub fn last_step(recs: &[TraceRec]) -> Vec<TraceLaunch> {
-    let mut r: Vec<TraceRec> = recs.to_vec();
-    r.sort_by_key(|x| (x.t0, x.kid, x.block));
-    let Some(first) = r.iter().rposition(|x| x.kid == TK_EMBED) else {
+    let Some(first) = recs.iter().rposition(|x| x.kid == TK_EMBED) else {
         return Vec::new();
     };
-    let r = &r[first..];
-    let t = r[0].t0;
+    let r = &recs[first..];
+    let t = r.iter().map(|x| x.t0).min().unwrap();
     let us = |ns: u64| ns.saturating_sub(t) as f64 / 1e3;
     let mut out = Vec::new();
     let mut i = 0;
@@ -197,6 +233,22 @@ mod tests {
             .nth(3)
             .unwrap()
             .starts_with("2,gdn core,2,0.900,0.950,1.200,1.200,1.500,1.600"));
+    }
+
+    #[test]
+    fn equal_start_times_stay_in_ticket_order() {
+        // down's last block and the next layer's first in-proj block start
+        // in the same timer tick: the tickets keep the launches apart
+        let recs = [
+            rec(1, 0, 1_000, 1_010, 1_100),
+            rec(7, 0, 1_500, 1_600, 2_400),
+            rec(7, 1, 2_000, 2_000, 2_300),
+            rec(2, 0, 2_000, 2_400, 3_000),
+            rec(2, 1, 2_500, 2_500, 3_100),
+        ];
+        let l = last_step(&recs);
+        let names: Vec<_> = l.iter().map(|x| (x.kernel, x.blocks)).collect();
+        assert_eq!(names, [("embed", 1), ("down", 2), ("gemv3 (in proj)", 2)]);
     }
 
     #[test]
