@@ -291,22 +291,23 @@ for r in csv.DictReader(lines):
         rows[k] = {}
         order.append(k)
     rows[k][r["Metric Name"]] = (r["Metric Value"], r["Metric Unit"])
-def val(m, name, scale=1.0):
-    v = m.get(name)
-    try:
-        return float(v[0].replace(",", "")) * scale if v else float("nan")
-    except ValueError:
-        return float("nan")
+# ncu's units, to us and MB
+SCALE = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3,
+         "byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0, "Gbyte": 1e3}
+def val(m, *names):  # the first of the metrics present, scaled
+    for n in names:
+        if n in m:
+            v, unit = m[n]
+            try:
+                return float(v.replace(",", "")) * SCALE.get(unit, 1.0)
+            except ValueError:
+                return float("nan")
+    return float("nan")
 print(f"{'id':>4} {'kernel':<34} {'us':>8} {'DRAM MB':>8} {'GB/s':>7} {'cyc/issue':>9}")
 for k in order:
     m = rows[k]
-    dur = m.get("gpu__time_duration.sum") or m.get("Duration")
-    unit = dur[1] if dur else ""
-    us = val(m, "gpu__time_duration.sum" if "gpu__time_duration.sum" in m else "Duration")
-    us *= {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}.get(unit, 1.0)
-    mb = (val(m, "dram__bytes_read.sum") + val(m, "dram__bytes_write.sum"))
-    mu = (m.get("dram__bytes_read.sum") or ("", "byte"))[1]
-    mb *= {"byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0, "Gbyte": 1e3}.get(mu, 1e-6)
+    us = val(m, "gpu__time_duration.sum", "Duration")
+    mb = val(m, "dram__bytes_read.sum") + val(m, "dram__bytes_write.sum")
     cpi = val(m, "Warp Cycles Per Issued Instruction")
     print(f"{k[0]:>4} {k[1][:34]:<34} {us:8.2f} {mb:8.2f} {mb / us * 1e3 if us else 0:7.0f} {cpi:9.1f}")
 PY
