@@ -266,19 +266,24 @@ ncu)
   # layer) alone under Nsight Compute: its isolated duration, DRAM bytes and
   # stall reasons, i.e. how much of a kernel is its own latency rather than
   # the dependency gap before it (ncu runs kernels one at a time, so no PDL
-  # overlap; launched eagerly). A decode step has 250 matching launches and
-  # prefill none (qk_prep_kernel, which prefill also runs, is left out).
-  # LILY_NCU_SKIP: matching launches skipped (500 = two steps);
-  # LILY_NCU_COUNT: how many to profile (25 = layers 0-3: three GDN layers
-  # of 6 kernels, an attention layer of 7).
-  ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  # overlap; launched eagerly). On full4 (the released geometry, 4 layers,
+  # 8.2 GiB): ncu saves and restores device memory between a kernel's replay
+  # passes, and on the 40-layer model (65 GiB) the run passed 500 s without
+  # a result (17th session); on full4 a kernel takes about a second. Caches
+  # and clocks as in a real run (no flush, no clock lock). A full4 decode
+  # step is exactly 25 matching launches (prefill has none; qk_prep_kernel,
+  # which prefill also runs, is left out).
+  # LILY_NCU_SKIP: matching launches skipped (50 = two steps);
+  # LILY_NCU_COUNT: how many to profile (25 = one step).
+  ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   kernels='gemv3_kernel|gdn_decode_kernel|gemv_add_norm_kernel|router_decode_kernel|moe_gate_up_kernel|moe_down_norm_kernel|attention_decode_partial_kernel|attention_decode_merge_kernel'
   if [ -z "$ncu_bin" ]; then
     note "ncu: not found"
-  elif LILY_CUDA_GRAPH=0 timeout 500 "$ncu_bin" --kernel-name "regex:^($kernels)\$" --launch-skip "${LILY_NCU_SKIP:-500}" \
-      --launch-count "${LILY_NCU_COUNT:-25}" --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+  elif LILY_CUDA_GRAPH=0 timeout 300 "$ncu_bin" --kernel-name "regex:^($kernels)\$" --launch-skip "${LILY_NCU_SKIP:-50}" \
+      --launch-count "${LILY_NCU_COUNT:-25}" --cache-control none --clock-control none \
+      --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --page details \
-      "$lily" bench --device cuda --synthetic full --prompt-len 64 --context 4096 --gen 8 --runs 1 \
+      "$lily" bench --device cuda --synthetic full4 --prompt-len 64 --context 4096 --gen 8 --runs 1 \
       > "$out/ncu.csv" 2> "$out/ncu.log"; then
     note "$(python3 - "$out/ncu.csv" <<'PY'
 import csv, sys
