@@ -23,6 +23,8 @@ extern "C" __global__ void qk_prep_kernel(const float* __restrict__ qg, const fl
     bool is_q = h < Hq;
     int kh = h - Hq;
     float val = is_q ? __ldcg(qg + ((long)t * Hq + h) * (gated ? 2 * Dh : Dh) + i) : __ldcg(k + ((long)t * Hkv + kh) * Dh + i);
+    // (v requested with q/k: one L2 round trip for every input, not two)
+    const float vv = is_q ? 0.f : __ldcg(v + ((long)t * Hkv + kh) * Dh + i);
     float inv = rsqrtf(block_sum(val * val) / Dh + eps);
     float xn = val * inv * (is_q ? qn1p[i] : kn1p[i]);
     buf[i] = xn;
@@ -41,7 +43,7 @@ extern "C" __global__ void qk_prep_kernel(const float* __restrict__ qg, const fl
     } else {
         long row = (pos * Hkv + kh) * Dh + i;
         kcache[row] = f2bf(out);
-        vcache[row] = f2bf(__ldcg(v + ((long)t * Hkv + kh) * Dh + i));
+        vcache[row] = f2bf(vv);
     }
 }
 
