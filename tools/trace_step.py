@@ -14,7 +14,9 @@ For launch i after launch i-1 (times in us, from the CSV):
   wait);
 - early: first_wait[i] - first_start[i], how long its first blocks were
   resident before their inputs were ready (the prologue PDL overlaps).
-A kernel whose blocks never wait counts from its first start instead. (With
+A kernel whose blocks never wait counts from its first start instead.
+Then one attention layer and one GDN layer launch by launch (first and last
+block start, first release, first and last exit). (With
 LILY_GDN_SIGNAL=1 the GDN output projection is released by the core's count
 before the core exits, so its release can read negative.)
 
@@ -66,6 +68,28 @@ def main():
             n = s["n"]
             print(f"{k[0]:<16} {n:>8} {s['blocks']:>7} {s['span']:>9.1f} {100 * s['span'] / step:>5.1f}% "
                   f"{s['release'] / n:>14.2f} {s['after'] / n:>12.2f} {s['early'] / n:>12.2f}")
+        for name, core in (("attention", "attn partial"), ("GDN", "gdn core")):
+            window(rows, name, core)
+
+
+def window(rows, name, core):
+    """One whole layer of the given kind (its second occurrence, so not the
+    first layer), launch by launch, from its input projection to its down
+    product: times relative to the input projection's first start."""
+    cores = [i for i, r in enumerate(rows) if r["kernel"] == core]
+    if len(cores) < 2:
+        return
+    c = cores[1]
+    a = max(i for i in range(c) if rows[i]["kernel"].startswith("gemv3"))
+    b = next((i for i in range(c, len(rows)) if rows[i]["kernel"] == "down"), len(rows) - 1)
+    t0 = rows[a]["first_start"]
+    print(f"one {name} layer (launches {a}..{b}; us from its input projection's first start):")
+    print(f"{'kernel':<16} {'blocks':>7} {'first start':>11} {'last start':>10} {'release':>8} "
+          f"{'first exit':>10} {'last exit':>9}")
+    for r in rows[a:b + 1]:
+        f = [r[k] - t0 if r[k] is not None else float("nan")
+             for k in ("first_start", "last_start", "first_wait", "first_exit", "last_exit")]
+        print(f"{r['kernel']:<16} {r['blocks']:>7} {f[0]:>11.2f} {f[1]:>10.2f} {f[2]:>8.2f} {f[3]:>10.2f} {f[4]:>9.2f}")
 
 
 if __name__ == "__main__":
