@@ -14,11 +14,11 @@ For launch i after launch i-1 (times in us, from the CSV):
   wait);
 - early: first_wait[i] - first_start[i], how long its first blocks were
   resident before their inputs were ready (the prologue PDL overlaps).
-A kernel whose blocks never wait counts from its first start instead.
-Then one attention layer and one GDN layer launch by launch (first and last
-block start, first release, first and last exit). (With
+A kernel whose blocks never wait counts from its first start instead. (With
 LILY_GDN_SIGNAL=1 the GDN output projection is released by the core's count
 before the core exits, so its release can read negative.)
+Then one attention layer and one GDN layer launch by launch (first and last
+block start, first release, first and last exit).
 
 usage: trace_step.py trace-4096.csv [more.csv ...]
 """
@@ -80,7 +80,9 @@ def window(rows, name, core):
     if len(cores) < 2:
         return
     c = cores[1]
-    a = max(i for i in range(c) if rows[i]["kernel"].startswith("gemv3"))
+    a = max((i for i in range(c) if rows[i]["kernel"].startswith("gemv3")), default=None)
+    if a is None:
+        return
     b = next((i for i in range(c, len(rows)) if rows[i]["kernel"] == "down"), len(rows) - 1)
     t0 = rows[a]["first_start"]
     print(f"one {name} layer (launches {a}..{b}; us from its input projection's first start):")

@@ -170,8 +170,8 @@ struct Routing {
 // top-K, which is in the step's chain: their 126-register blocks become
 // resident only as gate/up's leave (gate/up triggers before its top-K, so
 // down may launch first: a block that does not see the flag within its spins
-// runs the top-K itself). `flag` is stored with release semantics after the rest; readers
-// acquire it. The layer's first kernel (gemv3_kernel, after its PDL wait:
+// runs the top-K itself). `flag` is stored with release semantics after the
+// rest; readers acquire it. The layer's first kernel (gemv3_kernel, after its PDL wait:
 // every reader of the previous layer has completed) zeroes the layer's flags,
 // this slot among them. (tests/ops_gpu.rs moe_experts reads this layout)
 struct RouteSlot {
