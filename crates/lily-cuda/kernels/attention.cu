@@ -124,53 +124,78 @@ extern "C" __global__ void attention_kernel(const float* __restrict__ q, const b
 // l [Hq, splits]. m is in log2 units (scores are pre-multiplied by log2 e so
 // the exponentials are exp2f); the merge uses the same units.
 //
-// Within a block, warp w takes a contiguous share (a multiple of ATTD_BATCH
-// keys) of the block's range and runs its own online softmax over it, in
-// batches of ATTD_BATCH keys: the batch's K rows are loaded together (16 bytes
-// per lane per row, lane l holding dims 8l..8l+7, so a row is one coalesced
-// 512-byte warp load), scores for all 8 heads come from one transposing
-// shuffle reduction (9 shuffles per key instead of 40), then the batch's
-// softmax weights go through shared memory to every lane and the V rows of the
-// batch are loaded together and accumulated. The warps merge through shared
-// memory at the end. Needs Dh % 8 == 0 and Dh <= 256. ptxas (sm_90a): 255
-// registers, no spills, 34 KB static shared memory: 2 blocks (8 warps) an SM.
+// Within a block, warp w takes a contiguous share (a multiple of ATTD_BATCH =
+// 16 keys) of the block's range and runs its own online softmax over it, a
+// batch of 16 keys at a time, on the tensor cores (mma.sync m16n8k16, bf16 in,
+// f32 accumulate). The FMA form (one lane per 8 dims, a shuffle reduction per
+// key) spent ~1,600 instructions a warp on 8 keys and was issue-bound: ~11 us
+// after its release at 4k on an H100, for 8 MB of K and V.
+//  - Scores, S^T [16 rows x 8 keys] per MMA tile = Q K^T, over 16 k-steps
+//    of 16 dims. q is f32: rows 0-7 hold its 8 heads rounded to bf16 (q_hi),
+//    rows 8-15 what rounding left (q_lo = q - q_hi, also bf16), so a head's
+//    score is the sum of its two rows, to 16 bits of mantissa in q. K is bf16
+//    already; everything accumulates in f32. The dot product does not care
+//    which dims a k-step takes, so k-steps 2u and 2u + 1 take dims
+//    32u..32u + 31 in the order that lets lane (g, t) = (lane / 4, lane % 4)
+//    feed its B fragment (key g of the tile) straight from one 16-byte load
+//    of dims 32u + 8t..32u + 8t + 7: words x, y for k-step 2u, z, w for
+//    2u + 1. Its A fragment (head g) holds the query at the same dims.
+//  - p in [0, 1] enters as p_hi + p_lo as well (two MMAs). The error stays at
+//    the f32 level (~1e-5 relative), far below the bf16 output rounding.
+//  - A score tile's C fragment gives lane (g, t) head g's scores of keys 2t,
+//    2t + 1: exactly the B fragment (P^T, keys x heads) of O^T [dims x heads]
+//    = V^T P^T for the batch's two tiles, so p never leaves registers.
+//  - O^T's A fragment (V^T, dims x keys) pairs two keys of one dim in a word.
+//    Lane (g, t) owns dims 32g..32g + 31 of keys 2t, 2t + 1, 2t + 8, 2t + 9
+//    (16 loads of 16 bytes) and pairs them with byte permutes: m-tile i row g
+//    is dim 32g + i, row g + 8 is dim 32g + 16 + i. Its C fragment holds heads
+//    2t, 2t + 1 of those dims: 64 accumulators.
+// The warps merge through shared memory at the end in C-fragment order (no
+// bank conflicts), then through a skewed [head][dim] tile for coalesced
+// stores. Needs Dh % 32 == 0 and Dh <= 256.
 #define ATTD_WARPS 4
 #define ATTD_HEADS 8
-#define ATTD_BATCH 8
+#define ATTD_BATCH 16
 #define ATTD_MERGE_WARPS 8
 #define ATTD_MAX_SPLITS 1024
 #define ATTD_LOG2E 1.4426950408889634f
+// Row stride of the [head][dim] output tile: dim d sits at d + d / 32, and
+// 2 * 276 = 8 mod 32, so a fragment register's 32 lanes hit 32 banks.
+#define ATTD_OUT_STRIDE 276
 
-// p[i], i < 8: one lane's partial dot products for the heads i ^ ((lane >> 2) & 7)
-// (each lane keeps its q heads in that order). Returns the sum over the warp
-// of the lane's head (lane >> 2) & 7, i.e. of p[0]: at xor step 16 a lane's
-// p[i + 4] is its partner's p[i] head, so p[i] += partner's p[i + 4] (i < 4)
-// sums that head over both lanes; likewise at 8 (i < 2) and 4 (i = 0); xor 2
-// and 1 pair lanes of the same head. 9 shuffles and no selects for 8 heads.
-__device__ __forceinline__ float attd_reduce8(float* p) {
-#pragma unroll
-    for (int i = 0; i < 4; i++) p[i] += __shfl_xor_sync(0xffffffffu, p[i + 4], 16);
-#pragma unroll
-    for (int i = 0; i < 2; i++) p[i] += __shfl_xor_sync(0xffffffffu, p[i + 2], 8);
-    float s = p[0] + __shfl_xor_sync(0xffffffffu, p[1], 4);
-    s += __shfl_xor_sync(0xffffffffu, s, 2);
-    s += __shfl_xor_sync(0xffffffffu, s, 1);
-    return s;
+// d += a * b: m16n8k16, A row-major 16 x 16, B column-major 16 x 8, bf16 pairs
+// (lower index in the low half), f32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                         unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// (x, y) -> bf16 pair hi (x in the low half) and the pair of what rounding
+// left, lo, so that x = hi.x + lo.x to 16 bits of mantissa.
+__device__ __forceinline__ void split_bf16x2(float x, float y, unsigned& hi, unsigned& lo) {
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(y), "f"(x));
+    const float rx = x - __uint_as_float(hi << 16), ry = y - __uint_as_float(hi & 0xffff0000u);
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(ry), "f"(rx));
 }
 
 // q: [Hq, Dh] f32 (normed, rotated); kcache/vcache: [max_seq, Hkv, Dh] bf16;
 // part: see above. scale: the softmax scale (Dh^-1/2).
-extern "C" __global__ void attention_decode_partial_kernel(const float* __restrict__ q,
-                                                           const bf16* __restrict__ kcache,
-                                                           const bf16* __restrict__ vcache,
-                                                           const int* __restrict__ pos_ptr, float* __restrict__ part,
-                                                           int Hq, int Hkv, int Dh, int splits, float scale) {
+extern "C" __global__ void __launch_bounds__(ATTD_WARPS * 32, 2)
+    attention_decode_partial_kernel(const float* __restrict__ q, const bf16* __restrict__ kcache,
+                                    const bf16* __restrict__ vcache, const int* __restrict__ pos_ptr,
+                                    float* __restrict__ part, int Hq, int Hkv, int Dh, int splits, float scale) {
     TRACE(TK_ATTN_PARTIAL);
-    __shared__ __align__(16) float sm_p[ATTD_WARPS][ATTD_BATCH][ATTD_HEADS];
-    __shared__ __align__(16) float sm_c[ATTD_WARPS][ATTD_HEADS];
-    __shared__ __align__(16) float sm_acc[ATTD_WARPS][ATTD_HEADS][256];
+    __shared__ __align__(16) float sm_frag[ATTD_WARPS][64][32];
+    // The query fragments (8 KB, read in the batch loop) and the output tile
+    // (written after the warps have left it) share one buffer.
+    __shared__ __align__(16) float sm_out[ATTD_HEADS * ATTD_OUT_STRIDE];
+    uint4(*sm_q)[2][32] = reinterpret_cast<uint4(*)[2][32]>(sm_out);
     __shared__ float sm_m[ATTD_WARPS][ATTD_HEADS], sm_l[ATTD_WARPS][ATTD_HEADS], sm_f[ATTD_WARPS][ATTD_HEADS];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
     const int G = Hq / Hkv, cpg = (G + ATTD_HEADS - 1) / ATTD_HEADS;
     const int kh = blockIdx.x / cpg, c = blockIdx.x % cpg;
     const int h0 = kh * G + c * ATTD_HEADS, nh = min(ATTD_HEADS, G - c * ATTD_HEADS);
@@ -183,133 +208,178 @@ extern "C" __global__ void attention_decode_partial_kernel(const float* __restri
     const long k0 = min((long)s * chunk, n), k1 = min(k0 + chunk, n);
     const long per = ((k1 - k0 + ATTD_WARPS - 1) / ATTD_WARPS + ATTD_BATCH - 1) / ATTD_BATCH * ATTD_BATCH;
     const long a = min(k0 + w * per, k1), b = min(a + per, k1);
-    // The warp's first two batches of K and V rows, prefetched into L2 while
-    // the kernel before (the q/k preparation) finishes: at 4k context that is
-    // the warp's whole share, and its DRAM latency is then paid in that
-    // kernel's shadow. (Row n - 1, which that kernel writes, is coherent in
-    // L2; nothing is read into registers or L1 before the wait.)
-#pragma unroll
-    for (int bt = 0; bt < 2; bt++) {
-        const int j = lane >> 2, part = lane & 3;  // 8 rows x 4 lines of 128 bytes
-        const long r = a + bt * ATTD_BATCH + j;
-        if (r < b && part * 64 < Dh) {
-            const long off = (r * Hkv + kh) * (long)Dh + part * 64;
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(kcache + off));
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(vcache + off));
+    const long rs = (long)Hkv * Dh;
+    const int lines = Dh >> 6;  // 128-byte lines a row (a 32-dim row is half of one)
+    // The warp's first two batches of K and V rows (lane l: row a + l),
+    // prefetched into L2 while the kernel before (the q/k preparation)
+    // finishes: at 4k context that is the warp's whole share, and its DRAM
+    // latency is then paid in that kernel's shadow. (Row n - 1, which that
+    // kernel writes, is coherent in L2; nothing is read into registers or L1
+    // before the wait.)
+    if (a + lane < b) {
+        const long off = (a + lane) * rs + (long)kh * Dh;
+        for (int i = 0; i < max(lines, 1); i++) {
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(kcache + off + i * 64));
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(vcache + off + i * 64));
         }
     }
     pdl_wait();
     pdl_trigger();
-    const int d0 = lane * 8;
-    const bool act = d0 < Dh;  // lanes past Dh read dims 0..7 with q = 0 and store nothing
-    const int hl = lane >> 2;  // the head attd_reduce8 leaves in this lane
 
-    // qv[i]: head i ^ hl (attd_reduce8's order), pre-scaled into log2 units.
-    float qv[ATTD_HEADS][8], acc[ATTD_HEADS][8];
+    // Query fragments, shared by the block's warps (registers are short):
+    // sm_q[u][i][lane] is the A fragment of k-step 2u + i for lane (g, t),
+    // rows 0-7 q_hi, rows 8-15 q_lo of the same 8 heads, so one MMA yields
+    // both halves' scores (C rows g and g + 8, summed). Head g's query at
+    // dims 32u + 8t..+7, pre-scaled into log2 units; zero past Dh and for
+    // heads past nh.
     const float qs = scale * ATTD_LOG2E;
-#pragma unroll
-    for (int i = 0; i < ATTD_HEADS; i++) {
-        const int h = i ^ hl;
+    for (int it = threadIdx.x; it < 8 * 32; it += blockDim.x) {
+        const int u = it >> 5, gg = (it & 31) >> 2, tt = it & 3;
         float4 x = {0.f, 0.f, 0.f, 0.f}, y = {0.f, 0.f, 0.f, 0.f};
-        if (h < nh && act) {
-            const float4* qr = reinterpret_cast<const float4*>(q + (long)(h0 + h) * Dh + d0);
+        if (gg < nh && 32 * u < Dh) {
+            const float4* qr = reinterpret_cast<const float4*>(q + (long)(h0 + gg) * Dh + 32 * u + 8 * tt);
             x = __ldcg(qr);
             y = __ldcg(qr + 1);
         }
-        qv[i][0] = x.x * qs, qv[i][1] = x.y * qs, qv[i][2] = x.z * qs, qv[i][3] = x.w * qs;
-        qv[i][4] = y.x * qs, qv[i][5] = y.y * qs, qv[i][6] = y.z * qs, qv[i][7] = y.w * qs;
-#pragma unroll
-        for (int d = 0; d < 8; d++) acc[i][d] = 0.f;
+        uint4 f0, f1;  // {a0, a1, a2, a3} = {hi k 2t, lo k 2t, hi k 2t + 8, lo k 2t + 8}
+        split_bf16x2(x.x * qs, x.y * qs, f0.x, f0.y);
+        split_bf16x2(x.z * qs, x.w * qs, f0.z, f0.w);
+        split_bf16x2(y.x * qs, y.y * qs, f1.x, f1.y);
+        split_bf16x2(y.z * qs, y.w * qs, f1.z, f1.w);
+        sm_q[u][0][it & 31] = f0;
+        sm_q[u][1][it & 31] = f1;
     }
-    // Softmax state (log2 units) of head hl; the 4 lanes of a head hold
-    // identical copies.
+    __syncthreads();
+    float acc[16][4];
+#pragma unroll
+    for (int i = 0; i < 16; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    // Softmax state of head g (log2 units): m is the same in its four lanes,
+    // l is this lane's share (its keys), summed over the four at the end.
     float m = -LILY_INF, l = 0.f;
-    const long rs = (long)Hkv * Dh;
-    const bf16* kb = kcache + (long)kh * Dh + (act ? d0 : 0);
-    const bf16* vb = vcache + (long)kh * Dh + (act ? d0 : 0);
+    const bf16* kb = kcache + (long)kh * Dh + 8 * t;
+    const bool vact = 32 * g < Dh;  // lanes whose dims are past Dh load no V
+    const bf16* vb = vcache + (long)kh * Dh + (vact ? 32 * g : 0);
     for (long j0 = a; j0 < b; j0 += ATTD_BATCH) {
-        // A short last batch re-reads row b - 1 (cached) for its missing
-        // keys; their scores are masked to -inf, so their weights are 0.
-        const int nb = (int)min((long)ATTD_BATCH, b - j0);
-        uint4 raw[ATTD_BATCH];
+        // A short last batch re-reads row b - 1 for its missing keys; their
+        // scores are -inf, so their weights are 0.
+        const long last = b - 1;
+        // L2 prefetch two batches ahead (lane l: row j0 + 32 + l % 16, K or V).
+        {
+            const long r = j0 + 2 * ATTD_BATCH + (lane & 15);
+            if (r < b) {
+                const bf16* p = (lane < 16 ? kcache : vcache) + r * rs + (long)kh * Dh;
 #pragma unroll
-        for (int j = 0; j < ATTD_BATCH; j++)
-            raw[j] = __ldcg(reinterpret_cast<const uint4*>(kb + (j0 + min(j, nb - 1)) * rs));
-        float sc[ATTD_BATCH];
-#pragma unroll
-        for (int j = 0; j < ATTD_BATCH; j++) {
-            float kf[8], pr[ATTD_HEADS];
-            unpack8(raw[j], kf);
-#pragma unroll
-            for (int h = 0; h < ATTD_HEADS; h++) {
-                float t = 0.f;
-#pragma unroll
-                for (int i = 0; i < 8; i++) t = fmaf(qv[h][i], kf[i], t);
-                pr[h] = t;
+                for (int i = 0; i < 4; i++)
+                    if (i == 0 || i < lines) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + i * 64));
             }
-            const float sj = attd_reduce8(pr);
-            sc[j] = j < nb ? sj : -LILY_INF;
         }
-        float bm = sc[0];
+        // Scores: tile T holds keys j0 + 8T..j0 + 8T + 7, this lane loads key g.
+        uint4 kraw[2][8];
 #pragma unroll
-        for (int j = 1; j < ATTD_BATCH; j++) bm = fmaxf(bm, sc[j]);
+        for (int T = 0; T < 2; T++) {
+            const bf16* kr = kb + min(j0 + 8 * T + g, last) * rs;
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (32 * u < Dh) kraw[T][u] = __ldcg(reinterpret_cast<const uint4*>(kr + 32 * u));
+        }
+        // Four accumulator chains (tile x k-step parity): an MMA's result
+        // is not waited for by the next one issued.
+        float sq[2][2][4] = {};
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            if (32 * u < Dh) {
+                const uint4 f0 = sm_q[u][0][lane], f1 = sm_q[u][1][lane];
+#pragma unroll
+                for (int T = 0; T < 2; T++) {
+                    mma_bf16(sq[T][0], f0.x, f0.y, f0.z, f0.w, kraw[T][u].x, kraw[T][u].y);
+                    mma_bf16(sq[T][1], f1.x, f1.y, f1.z, f1.w, kraw[T][u].z, kraw[T][u].w);
+                }
+            }
+        }
+        // head g, keys j0 + 8T + 2t, + 1: the q_hi rows plus the q_lo rows
+        float sc[4];
+#pragma unroll
+        for (int T = 0; T < 2; T++) {
+            const long key = j0 + 8 * T + 2 * t;
+            const float s0 = (sq[T][0][0] + sq[T][0][2]) + (sq[T][1][0] + sq[T][1][2]);
+            const float s1 = (sq[T][0][1] + sq[T][0][3]) + (sq[T][1][1] + sq[T][1][3]);
+            sc[2 * T] = key < b ? s0 : -LILY_INF;
+            sc[2 * T + 1] = key + 1 < b ? s1 : -LILY_INF;
+        }
+        float bm = fmaxf(fmaxf(sc[0], sc[1]), fmaxf(sc[2], sc[3]));
+        bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, 1));
+        bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, 2));
         const float mn = fmaxf(m, bm);  // finite: the batch has a key
         const float corr = exp2f(m - mn);
-        float ps = 0.f;
+        float p[4];
 #pragma unroll
-        for (int j = 0; j < ATTD_BATCH; j++) {
-            sc[j] = exp2f(sc[j] - mn);
-            ps += sc[j];
-        }
-        l = l * corr + ps;
+        for (int i = 0; i < 4; i++) p[i] = exp2f(sc[i] - mn);
+        l = l * corr + ((p[0] + p[1]) + (p[2] + p[3]));
         const bool grow = mn > m;
         m = mn;
-        if ((lane & 3) == 0) {
-#pragma unroll
-            for (int j = 0; j < ATTD_BATCH; j++) sm_p[w][j][hl] = sc[j];
-            sm_c[w][hl] = corr;
-        }
-        __syncwarp();
+        // Rescale heads 2t, 2t + 1 (this lane's accumulators) by their
+        // corrections, held by lanes 8t and 8t + 4.
+        const float c0 = __shfl_sync(0xffffffffu, corr, 8 * t), c1 = __shfl_sync(0xffffffffu, corr, 8 * t + 4);
         if (__any_sync(0xffffffffu, grow)) {  // else every corr is exactly 1
-            const float4* cp = reinterpret_cast<const float4*>(sm_c[w]);
-            const float4 c0 = cp[0], c1 = cp[1];
-            const float cf[ATTD_HEADS] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
 #pragma unroll
-            for (int h = 0; h < ATTD_HEADS; h++)
-#pragma unroll
-                for (int i = 0; i < 8; i++) acc[h][i] *= cf[h];
+            for (int i = 0; i < 16; i++) {
+                acc[i][0] *= c0;
+                acc[i][1] *= c1;
+                acc[i][2] *= c0;
+                acc[i][3] *= c1;
+            }
         }
+        unsigned ph0, pl0, ph1, pl1;  // B fragments: keys 2t, 2t + 1 and 2t + 8, 2t + 9 of head g
+        split_bf16x2(p[0], p[1], ph0, pl0);
+        split_bf16x2(p[2], p[3], ph1, pl1);
+        // V rows of keys 2t, 2t + 1, 2t + 8, 2t + 9, dims 32g..32g + 31, in
+        // two halves (dims +0..7 and +16..23, then +8..15 and +24..31), so
+        // only 32 registers of V are live. m-tile i: row g is dim 32g + i,
+        // row g + 8 is dim 32g + 16 + i; the odd dim of a word is its high
+        // half.
 #pragma unroll
-        for (int j = 0; j < ATTD_BATCH; j++)
-            raw[j] = __ldcg(reinterpret_cast<const uint4*>(vb + (j0 + min(j, nb - 1)) * rs));
+        for (int hv = 0; hv < 2; hv++) {
+            uint4 vraw[4][2];
 #pragma unroll
-        for (int j = 0; j < ATTD_BATCH; j++) {
-            float vf[8];
-            unpack8(raw[j], vf);
-            const float4* pp = reinterpret_cast<const float4*>(sm_p[w][j]);
-            const float4 p0 = pp[0], p1 = pp[1];
-            const float pj[ATTD_HEADS] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
+            for (int k = 0; k < 4; k++) {
+                const long key = j0 + 2 * t + (k & 1) + 8 * (k >> 1);
+                const uint4* vr = reinterpret_cast<const uint4*>(vb + min(key, last) * rs);
+                vraw[k][0] = vact ? vr[hv] : make_uint4(0u, 0u, 0u, 0u);
+                vraw[k][1] = vact ? vr[hv + 2] : make_uint4(0u, 0u, 0u, 0u);
+            }
 #pragma unroll
-            for (int h = 0; h < ATTD_HEADS; h++)
-#pragma unroll
-                for (int i = 0; i < 8; i++) acc[h][i] = fmaf(pj[h], vf[i], acc[h][i]);
+            for (int ii = 0; ii < 8; ii++) {
+                const int i = 8 * hv + ii, e = ii >> 1;
+                const unsigned sel = (ii & 1) ? 0x7632u : 0x5410u;
+                const unsigned* w0 = reinterpret_cast<const unsigned*>(&vraw[0][0]);
+                const unsigned* w1 = reinterpret_cast<const unsigned*>(&vraw[1][0]);
+                const unsigned* w2 = reinterpret_cast<const unsigned*>(&vraw[2][0]);
+                const unsigned* w3 = reinterpret_cast<const unsigned*>(&vraw[3][0]);
+                const unsigned* x0 = reinterpret_cast<const unsigned*>(&vraw[0][1]);
+                const unsigned* x1 = reinterpret_cast<const unsigned*>(&vraw[1][1]);
+                const unsigned* x2 = reinterpret_cast<const unsigned*>(&vraw[2][1]);
+                const unsigned* x3 = reinterpret_cast<const unsigned*>(&vraw[3][1]);
+                const unsigned a0 = __byte_perm(w0[e], w1[e], sel);  // row g, keys 2t, 2t + 1
+                const unsigned a1 = __byte_perm(x0[e], x1[e], sel);  // row g + 8, keys 2t, 2t + 1
+                const unsigned a2 = __byte_perm(w2[e], w3[e], sel);  // row g, keys 2t + 8, 2t + 9
+                const unsigned a3 = __byte_perm(x2[e], x3[e], sel);  // row g + 8, keys 2t + 8, 2t + 9
+                mma_bf16(acc[i], a0, a1, a2, a3, ph0, ph1);
+                mma_bf16(acc[i], a0, a1, a2, a3, pl0, pl1);
+            }
         }
-        __syncwarp();  // sm_p / sm_c are rewritten by the next batch
     }
 
     // Merge the warps: per head, M = max of the warps' m, weights 2^(m_w - M).
-    if ((lane & 3) == 0) {
-        sm_m[w][hl] = m;
-        sm_l[w][hl] = l;
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (t == 0) {
+        sm_m[w][g] = m;
+        sm_l[w][g] = l;
     }
-    if (act) {
 #pragma unroll
-        for (int h = 0; h < ATTD_HEADS; h++) {
-            float4* dst = reinterpret_cast<float4*>(&sm_acc[w][h][d0]);
-            dst[0] = make_float4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
-            dst[1] = make_float4(acc[h][4], acc[h][5], acc[h][6], acc[h][7]);
-        }
-    }
+    for (int i = 0; i < 16; i++)
+#pragma unroll
+        for (int k = 0; k < 4; k++) sm_frag[w][4 * i + k][lane] = acc[i][k];
     __syncthreads();
     const long pbase = (long)Hq * splits * Dh;  // m, then l, follow acc
     if (threadIdx.x < ATTD_HEADS) {
@@ -328,12 +398,24 @@ extern "C" __global__ void attention_decode_partial_kernel(const float* __restri
         }
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < nh * Dh; e += blockDim.x) {
-        const int h = e / Dh, d = e - h * Dh;
+    // Warp w combines fragment registers 16w..16w + 15 of every warp (head
+    // 2t + k % 2, dim 32g + 16 (k / 2) + i for register 4i + k) into the tile.
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        const int r = 16 * w + j, i = r >> 2, k = r & 3;
+        const int h = 2 * t + (k & 1), d = 32 * g + 16 * (k >> 1) + i;
         float o = 0.f;
 #pragma unroll
-        for (int i = 0; i < ATTD_WARPS; i++) o += sm_acc[i][h][d] * sm_f[i][h];
-        part[((long)(h0 + h) * splits + s) * Dh + d] = o;
+        for (int x = 0; x < ATTD_WARPS; x++) o += sm_frag[x][r][lane] * sm_f[x][h];
+        sm_out[h * ATTD_OUT_STRIDE + d + g] = o;
+    }
+    __syncthreads();
+    const int q4 = Dh >> 2;
+    for (int e = threadIdx.x; e < nh * q4; e += blockDim.x) {
+        const int h = e / q4, d = (e - h * q4) * 4;
+        const float* src = sm_out + h * ATTD_OUT_STRIDE + d + (d >> 5);
+        *reinterpret_cast<float4*>(part + ((long)(h0 + h) * splits + s) * Dh + d) =
+            make_float4(src[0], src[1], src[2], src[3]);
     }
 }
 

@@ -44,11 +44,11 @@ const HEADS_PER_BLOCK: usize = 8;
 /// The rule, for the released model (Hkv = 2) on an H200 (132 SMs):
 /// - one split per `ATTENTION_DECODE_MIN_KEYS` (128) rows of the cache, so a
 ///   split has at least 128 keys once the context fills the cache: 32 keys a
-///   warp, 4 batches of 8, against a fixed cost per block of loading 8 query
+///   warp, 2 batches of 16, against a fixed cost per block of loading 8 query
 ///   heads and writing 8 partials of Dh floats (8 KiB at Dh = 256, 1/16 of
 ///   the 128 KiB of K and V the block reads at 128 keys);
 /// - then rounded down to 132 or 264 splits once there are that many: the
-///   partial kernel uses 255 registers a thread, so 2 of its 128-thread blocks
+///   partial kernel uses 246 registers a thread, so 2 of its 128-thread blocks
 ///   fit an SM, and Hkv * splits = 264 or 528 blocks are exactly 1 or 2 full
 ///   waves of 264 (with equal work per block once n >= splits, a partial last
 ///   wave would leave SMs idle; with 1 block an SM they are 2 or 4 full waves);
@@ -77,15 +77,15 @@ pub fn attention_decode_scratch_bytes(hq: usize, dh: usize, splits: usize) -> us
 }
 
 /// Check the shapes the decode kernels support: hq a positive multiple of
-/// hkv, dh a multiple of 8 in 8..=256, splits in 1..=ATTENTION_DECODE_MAX_SPLITS.
+/// hkv, dh a multiple of 32 in 32..=256, splits in 1..=ATTENTION_DECODE_MAX_SPLITS.
 pub fn attention_decode_check(hq: usize, hkv: usize, dh: usize, splits: usize) -> Result<()> {
     if hkv == 0 || hq == 0 || !hq.is_multiple_of(hkv) {
         bail!(
             "attention_decode: query heads ({hq}) must be a positive multiple of KV heads ({hkv})"
         );
     }
-    if dh == 0 || dh > 256 || !dh.is_multiple_of(8) {
-        bail!("attention_decode: head dim must be a multiple of 8 in 8..=256, got {dh}");
+    if dh == 0 || dh > 256 || !dh.is_multiple_of(32) {
+        bail!("attention_decode: head dim must be a multiple of 32 in 32..=256, got {dh}");
     }
     if splits == 0 || splits > ATTENTION_DECODE_MAX_SPLITS {
         bail!(
@@ -201,6 +201,8 @@ mod tests {
         assert!(attention_decode_check(16, 3, 256, 1).is_err());
         assert!(attention_decode_check(16, 2, 260, 1).is_err());
         assert!(attention_decode_check(16, 2, 12, 1).is_err());
+        assert!(attention_decode_check(16, 2, 48, 1).is_err());
+        assert!(attention_decode_check(4, 2, 64, 7).is_ok());
         assert!(attention_decode_check(16, 2, 256, 0).is_err());
         assert!(attention_decode_check(16, 2, 256, ATTENTION_DECODE_MAX_SPLITS + 1).is_err());
         assert_eq!(

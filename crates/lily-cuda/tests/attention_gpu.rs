@@ -123,24 +123,31 @@ fn vrow(c: &Cache, j: usize, kh: usize) -> &[f32] {
 
 /// Keys whose loss or double count a split-K kernel could get wrong with
 /// `splits` splits: the ends, the first split's edge, the last split's start,
-/// edges of 8-key batches, and this split count's per-warp share (4 warps).
+/// the edges of 8-key tiles and 16-key batches, and this split count's
+/// per-warp share (4 warps).
 fn boundary_keys(n: usize, splits: usize) -> Vec<usize> {
     let chunk = n.div_ceil(splits);
     let last = (n - 1) / chunk * chunk;
-    let per_warp = chunk.div_ceil(4).div_ceil(8) * 8;
+    let per_warp = chunk.div_ceil(4).div_ceil(16) * 16;
+    // Entries 3, 7 and 11 go to heads that get a plain random q (h % 4 == 3);
+    // the other twelve are needles. 7 | 8 is the edge of the partial kernel's
+    // two 8-key MMA tiles, 15 | 16 of its 16-key batches.
     [
         0,
         n - 1,
         chunk - 1,
+        chunk + per_warp,
         chunk,
         last,
         last.saturating_sub(1),
+        n / 2,
         7,
         8,
+        15,
+        chunk,
+        16,
         per_warp - 1,
         per_warp,
-        chunk + per_warp,
-        n / 2,
     ]
     .into_iter()
     .map(|j| j.min(n - 1))
