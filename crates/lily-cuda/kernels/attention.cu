@@ -167,10 +167,19 @@ extern "C" __global__ void attention_kernel(const float* __restrict__ q, const b
 // (lower index in the low half), f32 accumulators.
 __device__ __forceinline__ void mma_bf16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
                                          unsigned b0, unsigned b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+    // volatile: kept in program order with ld_v4, so the loads a kernel
+    // issues ahead of its products are not sunk below them
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// A 16-byte global load that the compiler keeps where it is written.
+__device__ __forceinline__ uint4 ld_v4(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
 }
 
 // (x, y) -> bf16 pair hi (x in the low half) and the pair of what rounding
@@ -225,6 +234,45 @@ extern "C" __global__ void __launch_bounds__(ATTD_WARPS * 32, 2)
     }
     pdl_wait();
     pdl_trigger();
+    // K and V rows are requested one batch ahead (software pipelining): the
+    // first batch's before the query is staged, the next batch's K once this
+    // batch's scores are out, its V once this batch's V products are issued.
+    // A short last batch re-reads row b - 1 for its missing keys; their
+    // scores are -inf, so their weights are 0.
+    // K: key j0 + 8T + g of tile T, dims 32u + 8t..+7.
+    const bf16* kb = kcache + (long)kh * Dh + 8 * t;
+    uint4 kraw[2][8];
+    auto load_k = [&](long j0) {
+#pragma unroll
+        for (int T = 0; T < 2; T++) {
+            const bf16* kr = kb + min(j0 + 8 * T + g, b - 1) * rs;
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (32 * u < Dh) kraw[T][u] = __ldcg(reinterpret_cast<const uint4*>(kr + 32 * u));
+        }
+    };
+    // Lanes whose dims are past Dh (Dh < 256) read dims 0..31 instead: the
+    // accumulators of those rows are never stored.
+    const bf16* vb = vcache + (long)kh * Dh + (32 * g < Dh ? 32 * g : 0);
+    // V: keys 2t, 2t + 1, 2t + 8, 2t + 9, dims 32g..32g + 31, as two halves
+    // (dims +0..7 and +16..23, then +8..15 and +24..31), each feeding 8
+    // m-tiles: m-tile i's row g is dim 32g + i, its row g + 8 dim
+    // 32g + 16 + i; the odd dim of a word is its high half.
+    auto load_v = [&](uint4(&vraw)[4][2], int hv, long j0) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const long key = j0 + 2 * t + (k & 1) + 8 * (k >> 1);
+            const uint4* vr = reinterpret_cast<const uint4*>(vb + min(key, b - 1) * rs);
+            vraw[k][0] = ld_v4(vr + hv);
+            vraw[k][1] = ld_v4(vr + hv + 2);
+        }
+    };
+    uint4 v0[4][2], v1[4][2];
+    if (a < b) {
+        load_k(a);
+        load_v(v0, 0, a);
+        load_v(v1, 1, a);
+    }
 
     // Query fragments, shared by the block's warps (registers are short):
     // sm_q[u][i][lane] is the A fragment of k-step 2u + i for lane (g, t),
@@ -256,13 +304,29 @@ extern "C" __global__ void __launch_bounds__(ATTD_WARPS * 32, 2)
     // Softmax state of head g (log2 units): m is the same in its four lanes,
     // l is this lane's share (its keys), summed over the four at the end.
     float m = -LILY_INF, l = 0.f;
-    const bf16* kb = kcache + (long)kh * Dh + 8 * t;
-    const bool vact = 32 * g < Dh;  // lanes whose dims are past Dh load no V
-    const bf16* vb = vcache + (long)kh * Dh + (vact ? 32 * g : 0);
+    unsigned ph0, pl0, ph1, pl1;  // B fragments: keys 2t, 2t + 1 and 2t + 8, 2t + 9 of head g
+    auto pv = [&](const uint4(&vraw)[4][2], int hv) {
+#pragma unroll
+        for (int ii = 0; ii < 8; ii++) {
+            const int i = 8 * hv + ii, e = ii >> 1;
+            const unsigned sel = (ii & 1) ? 0x7632u : 0x5410u;
+            const unsigned* w0 = reinterpret_cast<const unsigned*>(&vraw[0][0]);
+            const unsigned* w1 = reinterpret_cast<const unsigned*>(&vraw[1][0]);
+            const unsigned* w2 = reinterpret_cast<const unsigned*>(&vraw[2][0]);
+            const unsigned* w3 = reinterpret_cast<const unsigned*>(&vraw[3][0]);
+            const unsigned* x0 = reinterpret_cast<const unsigned*>(&vraw[0][1]);
+            const unsigned* x1 = reinterpret_cast<const unsigned*>(&vraw[1][1]);
+            const unsigned* x2 = reinterpret_cast<const unsigned*>(&vraw[2][1]);
+            const unsigned* x3 = reinterpret_cast<const unsigned*>(&vraw[3][1]);
+            const unsigned a0 = __byte_perm(w0[e], w1[e], sel);  // row g, keys 2t, 2t + 1
+            const unsigned a1 = __byte_perm(x0[e], x1[e], sel);  // row g + 8, keys 2t, 2t + 1
+            const unsigned a2 = __byte_perm(w2[e], w3[e], sel);  // row g, keys 2t + 8, 2t + 9
+            const unsigned a3 = __byte_perm(x2[e], x3[e], sel);  // row g + 8, keys 2t + 8, 2t + 9
+            mma_bf16(acc[i], a0, a1, a2, a3, ph0, ph1);
+            mma_bf16(acc[i], a0, a1, a2, a3, pl0, pl1);
+        }
+    };
     for (long j0 = a; j0 < b; j0 += ATTD_BATCH) {
-        // A short last batch re-reads row b - 1 for its missing keys; their
-        // scores are -inf, so their weights are 0.
-        const long last = b - 1;
         // L2 prefetch two batches ahead (lane l: row j0 + 32 + l % 16, K or V).
         {
             const long r = j0 + 2 * ATTD_BATCH + (lane & 15);
@@ -273,15 +337,7 @@ extern "C" __global__ void __launch_bounds__(ATTD_WARPS * 32, 2)
                     if (i == 0 || i < lines) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + i * 64));
             }
         }
-        // Scores: tile T holds keys j0 + 8T..j0 + 8T + 7, this lane loads key g.
-        uint4 kraw[2][8];
-#pragma unroll
-        for (int T = 0; T < 2; T++) {
-            const bf16* kr = kb + min(j0 + 8 * T + g, last) * rs;
-#pragma unroll
-            for (int u = 0; u < 8; u++)
-                if (32 * u < Dh) kraw[T][u] = __ldcg(reinterpret_cast<const uint4*>(kr + 32 * u));
-        }
+        // Scores: tile T holds keys j0 + 8T..j0 + 8T + 7 (kraw: key g).
         // Four accumulator chains (tile x k-step parity): an MMA's result
         // is not waited for by the next one issued.
         float sq[2][2][4] = {};
@@ -306,6 +362,7 @@ extern "C" __global__ void __launch_bounds__(ATTD_WARPS * 32, 2)
             sc[2 * T] = key < b ? s0 : -LILY_INF;
             sc[2 * T + 1] = key + 1 < b ? s1 : -LILY_INF;
         }
+        if (j0 + ATTD_BATCH < b) load_k(j0 + ATTD_BATCH);
         float bm = fmaxf(fmaxf(sc[0], sc[1]), fmaxf(sc[2], sc[3]));
         bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, 1));
         bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, 2));
@@ -329,43 +386,13 @@ extern "C" __global__ void __launch_bounds__(ATTD_WARPS * 32, 2)
                 acc[i][3] *= c1;
             }
         }
-        unsigned ph0, pl0, ph1, pl1;  // B fragments: keys 2t, 2t + 1 and 2t + 8, 2t + 9 of head g
         split_bf16x2(p[0], p[1], ph0, pl0);
         split_bf16x2(p[2], p[3], ph1, pl1);
-        // V rows of keys 2t, 2t + 1, 2t + 8, 2t + 9, dims 32g..32g + 31, in
-        // two halves (dims +0..7 and +16..23, then +8..15 and +24..31), so
-        // only 32 registers of V are live. m-tile i: row g is dim 32g + i,
-        // row g + 8 is dim 32g + 16 + i; the odd dim of a word is its high
-        // half.
-#pragma unroll
-        for (int hv = 0; hv < 2; hv++) {
-            uint4 vraw[4][2];
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const long key = j0 + 2 * t + (k & 1) + 8 * (k >> 1);
-                const uint4* vr = reinterpret_cast<const uint4*>(vb + min(key, last) * rs);
-                vraw[k][0] = vact ? vr[hv] : make_uint4(0u, 0u, 0u, 0u);
-                vraw[k][1] = vact ? vr[hv + 2] : make_uint4(0u, 0u, 0u, 0u);
-            }
-#pragma unroll
-            for (int ii = 0; ii < 8; ii++) {
-                const int i = 8 * hv + ii, e = ii >> 1;
-                const unsigned sel = (ii & 1) ? 0x7632u : 0x5410u;
-                const unsigned* w0 = reinterpret_cast<const unsigned*>(&vraw[0][0]);
-                const unsigned* w1 = reinterpret_cast<const unsigned*>(&vraw[1][0]);
-                const unsigned* w2 = reinterpret_cast<const unsigned*>(&vraw[2][0]);
-                const unsigned* w3 = reinterpret_cast<const unsigned*>(&vraw[3][0]);
-                const unsigned* x0 = reinterpret_cast<const unsigned*>(&vraw[0][1]);
-                const unsigned* x1 = reinterpret_cast<const unsigned*>(&vraw[1][1]);
-                const unsigned* x2 = reinterpret_cast<const unsigned*>(&vraw[2][1]);
-                const unsigned* x3 = reinterpret_cast<const unsigned*>(&vraw[3][1]);
-                const unsigned a0 = __byte_perm(w0[e], w1[e], sel);  // row g, keys 2t, 2t + 1
-                const unsigned a1 = __byte_perm(x0[e], x1[e], sel);  // row g + 8, keys 2t, 2t + 1
-                const unsigned a2 = __byte_perm(w2[e], w3[e], sel);  // row g, keys 2t + 8, 2t + 9
-                const unsigned a3 = __byte_perm(x2[e], x3[e], sel);  // row g + 8, keys 2t + 8, 2t + 9
-                mma_bf16(acc[i], a0, a1, a2, a3, ph0, ph1);
-                mma_bf16(acc[i], a0, a1, a2, a3, pl0, pl1);
-            }
+        pv(v0, 0);
+        pv(v1, 1);
+        if (j0 + ATTD_BATCH < b) {
+            load_v(v0, 0, j0 + ATTD_BATCH);
+            load_v(v1, 1, j0 + ATTD_BATCH);
         }
     }
 
