@@ -448,22 +448,24 @@ extern "C" __global__ void __launch_bounds__(ATTD_WARPS * 32, 2)
 
 // Grid (Hq, ceil(Dh / 32)), block ATTD_MERGE_WARPS * 32: block (h, y) merges
 // dims 32y..32y+31 of head h, warp w the splits w, w + 8, .... Every load of
-// the common case (splits <= ATTD_MERGE_WARPS * ATTD_MERGE_UNROLL = 264:
-// the split's m and l, the warp's ATTD_MERGE_UNROLL partial sums) is issued
-// right after the wait, before the weights that scale them are known, so the
-// merge costs one L2 round trip instead of one per dependent step. Empty
-// splits hold m = -inf, l = 0, acc = 0: weight 0, and their zeros add nothing.
+// the common case (splits <= ATTD_MERGE_WARPS * ATTD_MERGE_UNROLL = 264: each
+// warp's splits' m, l and partial sums, every split's m for the maximum, and
+// the output gate) is issued right after the wait, before the weights that
+// scale them are known, so the merge costs one L2 round trip instead of one
+// per dependent step. Every warp finds the maximum M itself (a warp
+// reduction, no barrier), so the block meets once, to add its warps' sums.
+// Empty splits hold m = -inf, l = 0, acc = 0 and are skipped.
 // part: as written by attention_decode_partial_kernel (splits <=
 // ATTD_MAX_SPLITS); qg: [Hq, (1 + gated) * Dh] f32, per head [query | gate];
 // out: [Hq * Dh] bf16 = attn * sigmoid(gate).
 #define ATTD_MERGE_UNROLL 33
+#define ATTD_MERGE_MPER 9  // every split's m: 9 a lane covers 288 >= 264 splits
 extern "C" __global__ void attention_decode_merge_kernel(const float* __restrict__ part, const float* __restrict__ qg,
                                                          bf16* __restrict__ out, int Hq, int Dh, int splits,
                                                          int gated) {
     TRACE(TK_ATTN_MERGE);
-    __shared__ float sm_w[ATTD_MAX_SPLITS];
     __shared__ float sm_o[ATTD_MERGE_WARPS][32];
-    __shared__ float sm_red[ATTD_MERGE_WARPS];
+    __shared__ float sm_l[ATTD_MERGE_WARPS];
     pdl_wait();
     pdl_trigger();
     const int h = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -473,54 +475,57 @@ extern "C" __global__ void attention_decode_merge_kernel(const float* __restrict
     const int d = blockIdx.y * 32 + lane;
     const bool act = d < Dh;
     const float* pa = part + (long)h * splits * Dh + (act ? d : 0);
-    float x[ATTD_MERGE_UNROLL];
+    // The gate was written by the input projection, two kernels back: it is
+    // requested with the partials, not after them.
+    const float gate = gated && w == 0 && act ? __ldcg(qg + (long)h * 2 * Dh + Dh + d) : 0.f;
+    float x[ATTD_MERGE_UNROLL], ms[ATTD_MERGE_UNROLL], ls[ATTD_MERGE_UNROLL], mv[ATTD_MERGE_MPER];
 #pragma unroll
     for (int u = 0; u < ATTD_MERGE_UNROLL; u++) {
         const int s = w + u * ATTD_MERGE_WARPS;
-        x[u] = s < splits ? __ldcg(pa + (long)s * Dh) : 0.f;
+        const bool in = s < splits;
+        x[u] = in ? __ldcg(pa + (long)s * Dh) : 0.f;
+        ms[u] = in ? __ldcg(pm + s) : -LILY_INF;
+        ls[u] = in ? __ldcg(pl + s) : 0.f;
     }
-    constexpr int PER = ATTD_MAX_SPLITS / (ATTD_MERGE_WARPS * 32);
-    float mv[PER], lv[PER];
 #pragma unroll
-    for (int i = 0; i < PER; i++) {
-        const int s = threadIdx.x + i * ATTD_MERGE_WARPS * 32;
+    for (int i = 0; i < ATTD_MERGE_MPER; i++) {
+        const int s = lane + 32 * i;
         mv[i] = s < splits ? __ldcg(pm + s) : -LILY_INF;
-        lv[i] = s < splits ? __ldcg(pl + s) : 0.f;
     }
     float mx = mv[0];
 #pragma unroll
-    for (int i = 1; i < PER; i++) mx = fmaxf(mx, mv[i]);
-    mx = warp_max(mx);
-    if (lane == 0) sm_red[w] = mx;
-    __syncthreads();
-    float M = -LILY_INF;
-    for (int i = 0; i < ATTD_MERGE_WARPS; i++) M = fmaxf(M, sm_red[i]);
-    // M is finite: n >= 1, so split 0 has a key.
-    float lsum = 0.f;
-#pragma unroll
-    for (int i = 0; i < PER; i++) {
-        const int s = threadIdx.x + i * ATTD_MERGE_WARPS * 32;
-        const float f = mv[i] == -LILY_INF ? 0.f : exp2f(mv[i] - M);
-        if (s < splits) sm_w[s] = f;
-        lsum += lv[i] * f;
-    }
-    const float L = block_sum(lsum);  // its barriers also publish sm_w
-    float o = 0.f;
+    for (int i = 1; i < ATTD_MERGE_MPER; i++) mx = fmaxf(mx, mv[i]);
+    for (int s = lane + 32 * ATTD_MERGE_MPER; s < splits; s += 32) mx = fmaxf(mx, __ldcg(pm + s));
+    const float M = warp_max(mx);  // finite: n >= 1, so split 0 has a key
+    float o = 0.f, lw = 0.f;
 #pragma unroll
     for (int u = 0; u < ATTD_MERGE_UNROLL; u++) {
-        const int s = w + u * ATTD_MERGE_WARPS;
-        if (s < splits) o = fmaf(sm_w[s], x[u], o);
+        if (ms[u] != -LILY_INF) {
+            const float f = exp2f(ms[u] - M);
+            o = fmaf(f, x[u], o);
+            lw = fmaf(f, ls[u], lw);
+        }
     }
-    for (int s = w + ATTD_MERGE_UNROLL * ATTD_MERGE_WARPS; s < splits; s += ATTD_MERGE_WARPS)
-        o = fmaf(sm_w[s], __ldcg(pa + (long)s * Dh), o);
+    for (int s = w + ATTD_MERGE_UNROLL * ATTD_MERGE_WARPS; s < splits; s += ATTD_MERGE_WARPS) {
+        const float m = __ldcg(pm + s);
+        if (m != -LILY_INF) {
+            const float f = exp2f(m - M);
+            o = fmaf(f, __ldcg(pa + (long)s * Dh), o);
+            lw = fmaf(f, __ldcg(pl + s), lw);
+        }
+    }
     sm_o[w][lane] = o;
+    if (lane == 0) sm_l[w] = lw;
     __syncthreads();
     if (w == 0 && act) {
-        float v = 0.f;
+        float v = 0.f, L = 0.f;
 #pragma unroll
-        for (int i = 0; i < ATTD_MERGE_WARPS; i++) v += sm_o[i][lane];
+        for (int i = 0; i < ATTD_MERGE_WARPS; i++) {
+            v += sm_o[i][lane];
+            L += sm_l[i];
+        }
         v /= L;
-        if (gated) v *= sigmoidf_(__ldcg(qg + (long)h * 2 * Dh + Dh + d));
+        if (gated) v *= sigmoidf_(gate);
         out[(long)h * Dh + d] = f2bf(v);
     }
 }
