@@ -129,7 +129,9 @@ extern "C" __global__ void attention_kernel(const float* __restrict__ q, const b
 // batch of 16 keys at a time, on the tensor cores (mma.sync m16n8k16, bf16 in,
 // f32 accumulate). The FMA form (one lane per 8 dims, a shuffle reduction per
 // key) spent ~1,600 instructions a warp on 8 keys and was issue-bound: ~11 us
-// after its release at 4k on an H100, for 8 MB of K and V.
+// after its release at 4k on an H100, for 8 MB of K and V. This form spends
+// ~560 on 16 keys: 5.9 us, and decode went from 386.1 to 396.6 tok/s at 4k,
+// 358.7 to 365.5 at 32k (H100, 19th session, BENCHMARKS.md).
 //  - Scores, S^T [16 rows x 8 keys] per MMA tile = Q K^T, over 16 k-steps
 //    of 16 dims. q is f32: rows 0-7 hold its 8 heads rounded to bf16 (q_hi),
 //    rows 8-15 what rounding left (q_lo = q - q_hi, also bf16), so a head's
@@ -167,15 +169,16 @@ extern "C" __global__ void attention_kernel(const float* __restrict__ q, const b
 // (lower index in the low half), f32 accumulators.
 __device__ __forceinline__ void mma_bf16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
                                          unsigned b0, unsigned b1) {
-    // volatile: kept in program order with ld_v4, so the loads a kernel
-    // issues ahead of its products are not sunk below them
+    // volatile, as ld_v4: NVVM keeps the two in program order. ptxas still
+    // schedules freely (it sank a batch's own V loads below the batch's score
+    // products), which is why the partial kernel asks for V a batch ahead.
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// A 16-byte global load that the compiler keeps where it is written.
+// A 16-byte global load, kept in PTX where it is written (see mma_bf16).
 __device__ __forceinline__ uint4 ld_v4(const void* p) {
     uint4 v;
     asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));

@@ -48,7 +48,7 @@ const HEADS_PER_BLOCK: usize = 8;
 ///   heads and writing 8 partials of Dh floats (8 KiB at Dh = 256, 1/16 of
 ///   the 128 KiB of K and V the block reads at 128 keys);
 /// - then rounded down to 132 or 264 splits once there are that many: the
-///   partial kernel uses 246 registers a thread, so 2 of its 128-thread blocks
+///   partial kernel uses 254 registers a thread, so 2 of its 128-thread blocks
 ///   fit an SM, and Hkv * splits = 264 or 528 blocks are exactly 1 or 2 full
 ///   waves of 264 (with equal work per block once n >= splits, a partial last
 ///   wave would leave SMs idle; with 1 block an SM they are 2 or 4 full waves);
