@@ -132,8 +132,8 @@ extern "C" __global__ void attention_kernel(const float* __restrict__ q, const b
 // after its release at 4k on an H100, for 8 MB of K and V. This form spends
 // ~560 on 16 keys: 5.9 us, and decode went from 386.1 to 396.6 tok/s at 4k,
 // 358.7 to 365.5 at 32k (H100, 19th session, BENCHMARKS.md).
-//  - Scores, S^T [16 rows x 8 keys] per MMA tile = Q K^T, over 16 k-steps
-//    of 16 dims. q is f32: rows 0-7 hold its 8 heads rounded to bf16 (q_hi),
+//  - Scores: an MMA tile is [q_hi; q_lo] K^T, 16 rows x 8 keys, over Dh / 16
+//    k-steps of 16 dims. q is f32: rows 0-7 hold its 8 heads rounded to bf16 (q_hi),
 //    rows 8-15 what rounding left (q_lo = q - q_hi, also bf16), so a head's
 //    score is the sum of its two rows, to 16 bits of mantissa in q. K is bf16
 //    already; everything accumulates in f32. The dot product does not care
@@ -142,16 +142,19 @@ extern "C" __global__ void attention_kernel(const float* __restrict__ q, const b
 //    feed its B fragment (key g of the tile) straight from one 16-byte load
 //    of dims 32u + 8t..32u + 8t + 7: words x, y for k-step 2u, z, w for
 //    2u + 1. Its A fragment (head g) holds the query at the same dims.
-//  - p in [0, 1] enters as p_hi + p_lo as well (two MMAs). The error stays at
-//    the f32 level (~1e-5 relative), far below the bf16 output rounding.
-//  - A score tile's C fragment gives lane (g, t) head g's scores of keys 2t,
+//  - p in [0, 1] enters as p_hi + p_lo as well (two MMAs). Each product is
+//    then good to ~2^-16 relative (not f32's 2^-24): a score's error is
+//    ~2^-16 sum |q_d k_d|, 3-9e-6 relative L2 on the test's data, below the
+//    bf16 output rounding (2^-9) for scores of this model's size.
+//  - A score tile's C fragment (S: heads x keys) gives lane (g, t) head g's scores of keys 2t,
 //    2t + 1: exactly the B fragment (P^T, keys x heads) of O^T [dims x heads]
 //    = V^T P^T for the batch's two tiles, so p never leaves registers.
 //  - O^T's A fragment (V^T, dims x keys) pairs two keys of one dim in a word.
-//    Lane (g, t) owns dims 32g..32g + 31 of keys 2t, 2t + 1, 2t + 8, 2t + 9
-//    (16 loads of 16 bytes) and pairs them with byte permutes: m-tile i row g
-//    is dim 32g + i, row g + 8 is dim 32g + 16 + i. Its C fragment holds heads
-//    2t, 2t + 1 of those dims: 64 accumulators.
+//    Lane (g, t) owns dims 64v + 8g..+7 (v = 0..3) of keys 2t, 2t + 1,
+//    2t + 8, 2t + 9 (16 loads of 16 bytes; a row's 8 lanes read 128
+//    contiguous bytes a load) and pairs them with byte permutes: m-tile i's
+//    row g is dim 64 (i / 8) + 8g + i % 8, its row g + 8 that dim + 128. Its
+//    C fragment holds heads 2t, 2t + 1 of those dims: 64 accumulators.
 // The warps merge through shared memory at the end in C-fragment order (no
 // bank conflicts), then through a skewed [head][dim] tile for coalesced
 // stores. Needs Dh % 32 == 0 and Dh <= 256.
@@ -161,9 +164,10 @@ extern "C" __global__ void attention_kernel(const float* __restrict__ q, const b
 #define ATTD_MERGE_WARPS 8
 #define ATTD_MAX_SPLITS 1024
 #define ATTD_LOG2E 1.4426950408889634f
-// Row stride of the [head][dim] output tile: dim d sits at d + d / 32, and
-// 2 * 276 = 8 mod 32, so a fragment register's 32 lanes hit 32 banks.
-#define ATTD_OUT_STRIDE 276
+// Row stride of the [head][dim] output tile: dim d sits at d + d / 8. A
+// fragment register's lanes hold heads 2t (+1) and dims 8g apart, i.e. words
+// 8t + 9g apart mod 32 (2 * 292 = 8 mod 32): 32 lanes, 32 banks.
+#define ATTD_OUT_STRIDE 292
 
 // d += a * b: m16n8k16, A row-major 16 x 16, B column-major 16 x 8, bf16 pairs
 // (lower index in the low half), f32 accumulators.
@@ -178,10 +182,12 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], unsigned a0, unsigned a1
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// A 16-byte global load, kept in PTX where it is written (see mma_bf16).
+// A 16-byte global load through L2 only (.cg: a cache row rewritten after a
+// rewind must not be served from a stale L1 line; common.cuh, input_wait),
+// kept in PTX where it is written (see mma_bf16).
 __device__ __forceinline__ uint4 ld_v4(const void* p) {
     uint4 v;
-    asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
 }
 
@@ -221,7 +227,7 @@ extern "C" __global__ void __launch_bounds__(ATTD_WARPS * 32, 2)
     const long per = ((k1 - k0 + ATTD_WARPS - 1) / ATTD_WARPS + ATTD_BATCH - 1) / ATTD_BATCH * ATTD_BATCH;
     const long a = min(k0 + w * per, k1), b = min(a + per, k1);
     const long rs = (long)Hkv * Dh;
-    const int lines = Dh >> 6;  // 128-byte lines a row (a 32-dim row is half of one)
+    const int lines = (Dh + 63) >> 6;  // 128-byte lines a row, rounded up
     // The warp's first two batches of K and V rows (lane l: row a + l),
     // prefetched into L2 while the kernel before (the q/k preparation)
     // finishes: at 4k context that is the warp's whole share, and its DRAM
@@ -230,7 +236,7 @@ extern "C" __global__ void __launch_bounds__(ATTD_WARPS * 32, 2)
     // before the wait.)
     if (a + lane < b) {
         const long off = (a + lane) * rs + (long)kh * Dh;
-        for (int i = 0; i < max(lines, 1); i++) {
+        for (int i = 0; i < lines; i++) {
             asm volatile("prefetch.global.L2 [%0];" ::"l"(kcache + off + i * 64));
             asm volatile("prefetch.global.L2 [%0];" ::"l"(vcache + off + i * 64));
         }
@@ -254,20 +260,24 @@ extern "C" __global__ void __launch_bounds__(ATTD_WARPS * 32, 2)
                 if (32 * u < Dh) kraw[T][u] = __ldcg(reinterpret_cast<const uint4*>(kr + 32 * u));
         }
     };
-    // Lanes whose dims are past Dh (Dh < 256) read dims 0..31 instead: the
-    // accumulators of those rows are never stored.
-    const bf16* vb = vcache + (long)kh * Dh + (32 * g < Dh ? 32 * g : 0);
-    // V: keys 2t, 2t + 1, 2t + 8, 2t + 9, dims 32g..32g + 31, as two halves
-    // (dims +0..7 and +16..23, then +8..15 and +24..31), each feeding 8
-    // m-tiles: m-tile i's row g is dim 32g + i, its row g + 8 dim
-    // 32g + 16 + i; the odd dim of a word is its high half.
+    // V chunk v of this lane: dims 64v + 8g..+7 of a row, so the 8 lanes of a
+    // row read 128 contiguous bytes a load. Chunks past Dh (Dh < 256) read
+    // dims 0..7 instead: their accumulators never reach the partials.
+    const bf16* vb = vcache + (long)kh * Dh;
+    int voff[4];
+#pragma unroll
+    for (int v = 0; v < 4; v++) voff[v] = 64 * v + 8 * g < Dh ? 64 * v + 8 * g : 0;
+    // V: keys 2t, 2t + 1, 2t + 8, 2t + 9, chunks v = 0..3, as two halves
+    // (chunks 0 and 2, then 1 and 3), each feeding 8 m-tiles: m-tile i's row
+    // g is dim 64 (i / 8) + 8g + i % 8 (chunk i / 8), its row g + 8 that dim
+    // + 128 (chunk i / 8 + 2); the odd dim of a word is its high half.
     auto load_v = [&](uint4(&vraw)[4][2], int hv, long j0) {
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             const long key = j0 + 2 * t + (k & 1) + 8 * (k >> 1);
-            const uint4* vr = reinterpret_cast<const uint4*>(vb + min(key, b - 1) * rs);
-            vraw[k][0] = ld_v4(vr + hv);
-            vraw[k][1] = ld_v4(vr + hv + 2);
+            const bf16* vr = vb + min(key, b - 1) * rs;
+            vraw[k][0] = ld_v4(vr + voff[hv]);
+            vraw[k][1] = ld_v4(vr + voff[hv + 2]);
         }
     };
     uint4 v0[4][2], v1[4][2];
@@ -337,7 +347,7 @@ extern "C" __global__ void __launch_bounds__(ATTD_WARPS * 32, 2)
                 const bf16* p = (lane < 16 ? kcache : vcache) + r * rs + (long)kh * Dh;
 #pragma unroll
                 for (int i = 0; i < 4; i++)
-                    if (i == 0 || i < lines) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + i * 64));
+                    if (i < lines) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + i * 64));
             }
         }
         // Scores: tile T holds keys j0 + 8T..j0 + 8T + 7 (kraw: key g).
@@ -429,21 +439,22 @@ extern "C" __global__ void __launch_bounds__(ATTD_WARPS * 32, 2)
     }
     __syncthreads();
     // Warp w combines fragment registers 16w..16w + 15 of every warp (head
-    // 2t + k % 2, dim 32g + 16 (k / 2) + i for register 4i + k) into the tile.
+    // 2t + k % 2, dim 64 (i / 8) + 128 (k / 2) + 8g + i % 8 for register
+    // 4i + k) into the tile.
 #pragma unroll
     for (int j = 0; j < 16; j++) {
         const int r = 16 * w + j, i = r >> 2, k = r & 3;
-        const int h = 2 * t + (k & 1), d = 32 * g + 16 * (k >> 1) + i;
+        const int h = 2 * t + (k & 1), d = 64 * (i >> 3) + 128 * (k >> 1) + 8 * g + (i & 7);
         float o = 0.f;
 #pragma unroll
         for (int x = 0; x < ATTD_WARPS; x++) o += sm_frag[x][r][lane] * sm_f[x][h];
-        sm_out[h * ATTD_OUT_STRIDE + d + g] = o;
+        sm_out[h * ATTD_OUT_STRIDE + d + (d >> 3)] = o;
     }
     __syncthreads();
     const int q4 = Dh >> 2;
     for (int e = threadIdx.x; e < nh * q4; e += blockDim.x) {
         const int h = e / q4, d = (e - h * q4) * 4;
-        const float* src = sm_out + h * ATTD_OUT_STRIDE + d + (d >> 5);
+        const float* src = sm_out + h * ATTD_OUT_STRIDE + d + (d >> 3);
         *reinterpret_cast<float4*>(part + ((long)(h0 + h) * splits + s) * Dh + d) =
             make_float4(src[0], src[1], src[2], src[3]);
     }
@@ -458,8 +469,9 @@ extern "C" __global__ void __launch_bounds__(ATTD_WARPS * 32, 2)
 // per dependent step. Every warp finds the maximum M itself (a warp
 // reduction, no barrier), so the block meets once, to add its warps' sums.
 // Empty splits hold m = -inf, l = 0, acc = 0 and are skipped.
-// part: as written by attention_decode_partial_kernel (splits <=
-// ATTD_MAX_SPLITS); qg: [Hq, (1 + gated) * Dh] f32, per head [query | gate];
+// Past 264 splits the rest are read split by split (any count works; the
+// host caps it at ATTD_MAX_SPLITS). part: as written by
+// attention_decode_partial_kernel; qg: [Hq, (1 + gated) * Dh] f32, per head [query | gate];
 // out: [Hq * Dh] bf16 = attn * sigmoid(gate).
 #define ATTD_MERGE_UNROLL 33
 #define ATTD_MERGE_MPER 9  // every split's m: 9 a lane covers 288 >= 264 splits

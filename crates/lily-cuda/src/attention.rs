@@ -8,12 +8,13 @@
 //! 1. `attention_decode_partial_kernel`, grid (Hkv * ceil(G / 8), splits),
 //!    block 128 (G = Hq / Hkv): one block per (KV head, key range) serves up to
 //!    8 query heads of the KV head's group, reading each K and V row of its
-//!    range once for all of them (16-byte loads, f32 online softmax), and
-//!    writes an unnormalised partial (m, l, acc[Dh]) per (query head, split).
+//!    range once for all of them (16 keys at a time on the tensor cores, f32
+//!    online softmax), and writes an unnormalised partial (m, l, acc[Dh]) per
+//!    (query head, split).
 //! 2. `attention_decode_merge_kernel`, grid (Hq, ceil(Dh / 32)), block 256:
-//!    per (query head, 32 dims), merges the splits' partials (8 warps, 8
-//!    splits' loads in flight per warp), divides by l, applies sigmoid(gate)
-//!    and writes bf16.
+//!    per (query head, 32 dims), merges the splits' partials (8 warps, every
+//!    load of up to 264 splits issued at once), divides by l, applies
+//!    sigmoid(gate) and writes bf16.
 //!
 //! The number of keys, n = pos[0] + 1, is read from device memory and divided
 //! in-kernel (ceil(n / splits) keys per split; splits past the end write a
@@ -25,8 +26,9 @@ use anyhow::{bail, Result};
 
 use crate::gpu::{Arg, Gpu};
 
-/// The largest split count the merge kernel takes (its per-split weights live
-/// in shared memory; kernels/attention.cu, ATTD_MAX_SPLITS).
+/// The largest split count `attention_decode` takes (kernels/attention.cu,
+/// ATTD_MAX_SPLITS): past 264 the merge reads the rest split by split, so
+/// more splits only cost time; the split rule never goes past 264.
 pub const ATTENTION_DECODE_MAX_SPLITS: usize = 1024;
 /// Keys per split at `max_seq` below which `attention_decode_splits` uses fewer
 /// splits.
