@@ -5,25 +5,31 @@
 //! n in {1, 2, 37, 1000, 4096, 33000} in a cache of MAX_SEQ = 40,000 rows, at
 //! several split counts: the rule's (264 here, so at n = 1, 37, 1000, 4096 some
 //! splits are empty), 1, 7, 132 and the largest the launcher takes (1024).
+//! `decode_other_shapes` checks the same three ways at the other sizes the
+//! launcher takes (OTHER_SHAPES: the repo's tiny synthetic model, head dims
+//! that are not multiples of 64, fewer than 8 query heads in a block, two
+//! blocks per KV head, one KV head), for n in {1, 37, 1000} in a cache of
+//! OTHER_MAX_SEQ = 2048 rows, at 1, 7 and the rule's 16 splits.
 //! Without a GPU every test prints that it skips and passes.
 //!
 //! The reference is computed here rather than by lily_cpu's
 //! `gated_attention`, which takes the layer's input and weights (projections,
 //! norms, RoPE, its own cache) instead of a prepared q and cache: per query
-//! head h (KV head h / 8), s_j = q . k_j * Dh^-1/2 over the n cached rows,
-//! softmax, o = sum_j p_j v_j, times sigmoid(gate), all in f64 from the very
-//! f32 / bf16 values uploaded.
+//! head h (KV head h / G, G = Hq / Hkv: 8 at the released sizes), s_j =
+//! q . k_j * Dh^-1/2 over the n cached rows, softmax, o = sum_j p_j v_j,
+//! times sigmoid(gate), all in f64 from the very f32 / bf16 values uploaded.
 //!
 //! Inputs: a seeded splitmix64 generator, values uniform with no exact zero.
-//! K and V rows 0..n are random (as bf16); rows n..MAX_SEQ hold NaN, so a
+//! K and V rows 0..n are random (as bf16); rows n..max_seq hold NaN, so a
 //! kernel that reads past the n keys fails. Most query heads are "needles":
 //! q_h = beta k_{j_h} + 0.5 r, with beta chosen so that key j_h gets about
 //! half of the softmax weight, and j_h on a boundary the kernels care about
 //! (first / last key, split and batch edges, the last split's start): losing
-//! that key, or counting it twice, moves the output by tens of percent. The
-//! other heads get a plain random q (scores with std ~2, weight spread over
-//! many keys). The scratch buffer starts as NaN and is reused across runs:
-//! the kernels must write every partial they read.
+//! that key, or counting it twice, moves the output by tens of percent (a
+//! needle head past the list of boundary keys, at Hq > 15, takes a random
+//! key). The other heads get a plain random q (scores with std ~2, weight
+//! spread over many keys). The scratch buffer starts as NaN and is reused
+//! across runs: the kernels must write every partial they read.
 //!
 //! Tolerances. Every output is bf16: rounding to nearest costs at most half an
 //! ulp, 2^-8 of the value, and about 2^-8 / sqrt(12) relative L2 on random
@@ -45,17 +51,77 @@ mod support;
 
 use half::bf16;
 use lily_cuda::attention::{
-    attention_decode, attention_decode_scratch_bytes, attention_decode_splits,
-    ATTENTION_DECODE_MAX_SPLITS,
+    attention_decode, attention_decode_check, attention_decode_scratch_bytes,
+    attention_decode_splits, ATTENTION_DECODE_MAX_SPLITS,
 };
 use lily_cuda::gpu::{Arg, DevBuf, Gpu};
 use support::{from_bf16_bits, gpu};
 
-const HQ: usize = 16;
-const HKV: usize = 2;
-const DH: usize = 256;
-const GROUP: usize = HQ / HKV;
+/// Query heads, KV heads and head dim of the attention under test.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Shape {
+    hq: usize,
+    hkv: usize,
+    dh: usize,
+}
+
+impl Shape {
+    const fn new(hq: usize, hkv: usize, dh: usize) -> Shape {
+        Shape { hq, hkv, dh }
+    }
+
+    /// G: query heads per KV head.
+    fn group(self) -> usize {
+        self.hq / self.hkv
+    }
+
+    /// The softmax scale, Dh^-1/2.
+    fn scale(self) -> f32 {
+        (self.dh as f32).powf(-0.5)
+    }
+
+    /// 0 for the released sizes (so their seeds are what they always were),
+    /// distinct for every other shape.
+    fn seed_offset(self) -> u64 {
+        if self == RELEASED {
+            0
+        } else {
+            ((self.hq << 20 | self.hkv << 12 | self.dh) as u64) << 32
+        }
+    }
+}
+
+/// The released model's sizes.
+const RELEASED: Shape = Shape::new(16, 2, 256);
 const MAX_SEQ: usize = 40_000;
+
+/// Other sizes the launcher takes (Hq a multiple of Hkv, Dh a multiple of 32
+/// up to 256) and what the partial kernel does differently at them. A block
+/// serves up to 8 query heads of one KV head, ceil(G / 8) blocks per KV head;
+/// a lane's k-steps 2u, 2u + 1 cover dims 32u..32u + 31 (those at 32u >= Dh
+/// skipped, as at every Dh < 256 here) and its V chunks dims 64v + 8g..+7
+/// (those past Dh read dims 0..7 instead and are never stored):
+/// - (4, 2, 64): the repo's tiny synthetic model; G = 2 heads a block; only
+///   V chunk 0 in range;
+/// - (24, 2, 96): G = 12: two blocks per KV head, the second with 4 heads;
+///   V chunk 1 cut at dim 96 (in range for lanes g < 4 only);
+/// - (32, 2, 160): G = 16: two full blocks per KV head; V chunk 2 cut at 160;
+/// - (6, 2, 32): the smallest Dh (one k-step pair, V chunk 0 cut at 32); G = 3;
+/// - (16, 1, 128): G = 16 with a single KV head: 2 blocks per split;
+/// - (20, 4, 224): G = 5 over 4 KV heads; V chunk 3 cut at 224.
+const OTHER_SHAPES: [Shape; 6] = [
+    Shape::new(4, 2, 64),
+    Shape::new(24, 2, 96),
+    Shape::new(32, 2, 160),
+    Shape::new(6, 2, 32),
+    Shape::new(16, 1, 128),
+    Shape::new(20, 4, 224),
+];
+/// The cache of `decode_other_shapes`: small, so the test stays quick; its
+/// split rule gives 16.
+const OTHER_MAX_SEQ: usize = 2048;
+const OTHER_CONTEXTS: [usize; 3] = [1, 37, 1000];
+
 const TOL_REL_L2: f64 = 1e-2;
 const TOL_ELEM_REL: f64 = 1.0 / 128.0;
 const TOL_ELEM_ABS_FRAC: f64 = 1e-4;
@@ -88,9 +154,10 @@ impl Rng {
     }
 }
 
-/// One context: the caches as uploaded (bf16 bits, [MAX_SEQ, Hkv, Dh], rows
+/// One context: the caches as uploaded (bf16 bits, [max_seq, Hkv, Dh], rows
 /// >= n NaN) and their first n rows widened to f32 for the host.
 struct Cache {
+    s: Shape,
     n: usize,
     k: Vec<u16>,
     v: Vec<u16>,
@@ -98,12 +165,13 @@ struct Cache {
     vf: Vec<f32>,
 }
 
-fn cache(n: usize, seed: u64) -> Cache {
+fn cache(s: Shape, max_seq: usize, n: usize, seed: u64) -> Cache {
+    assert!((1..=max_seq).contains(&n));
     let mut rng = Rng(seed);
-    let row = HKV * DH;
+    let row = s.hkv * s.dh;
     let nan = bf16::NAN.to_bits();
-    let mut k = vec![nan; MAX_SEQ * row];
-    let mut v = vec![nan; MAX_SEQ * row];
+    let mut k = vec![nan; max_seq * row];
+    let mut v = vec![nan; max_seq * row];
     for x in &mut k[..n * row] {
         *x = bf16::from_f32(rng.sym(1.0)).to_bits();
     }
@@ -111,16 +179,18 @@ fn cache(n: usize, seed: u64) -> Cache {
         *x = bf16::from_f32(rng.sym(1.0)).to_bits();
     }
     let (kf, vf) = (from_bf16_bits(&k[..n * row]), from_bf16_bits(&v[..n * row]));
-    Cache { n, k, v, kf, vf }
+    Cache { s, n, k, v, kf, vf }
 }
 
 /// Row j of KV head kh, f32.
 fn krow(c: &Cache, j: usize, kh: usize) -> &[f32] {
-    &c.kf[(j * HKV + kh) * DH..(j * HKV + kh + 1) * DH]
+    let (hkv, dh) = (c.s.hkv, c.s.dh);
+    &c.kf[(j * hkv + kh) * dh..(j * hkv + kh + 1) * dh]
 }
 
 fn vrow(c: &Cache, j: usize, kh: usize) -> &[f32] {
-    &c.vf[(j * HKV + kh) * DH..(j * HKV + kh + 1) * DH]
+    let (hkv, dh) = (c.s.hkv, c.s.dh);
+    &c.vf[(j * hkv + kh) * dh..(j * hkv + kh + 1) * dh]
 }
 
 /// Keys whose loss or double count a split-K kernel could get wrong with
@@ -161,22 +231,23 @@ fn boundary_keys(n: usize, splits: usize) -> Vec<usize> {
 /// q [Hq, Dh] and qg [Hq, 2 Dh] (query | gate; the query half, unused by the
 /// kernels, random) for a context of n keys.
 fn queries(c: &Cache, splits: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
-    let n = c.n;
+    let (n, Shape { hq, dh, .. }) = (c.n, c.s);
+    let group = c.s.group();
     let mut rng = Rng(seed);
-    // Needle weight about 1/2: 16 beta (its score) ~ ln(n - 1) + (beta^2 +
-    // gamma^2) / 2 (log of the other keys' total weight; their scores have
-    // variance beta^2 + gamma^2 for unit-variance k).
+    // Needle weight about 1/2: sqrt(Dh) beta (its score; 16 beta at Dh 256)
+    // ~ ln(n - 1) + (beta^2 + gamma^2) / 2 (log of the other keys' total
+    // weight; their scores have variance beta^2 + gamma^2 for unit-variance k).
     let gamma = 0.5f64;
     let mut beta = 0.5f64;
     for _ in 0..20 {
         beta = (((n.max(2) - 1) as f64).ln() + (beta * beta + gamma * gamma) / 2.0)
-            / (DH as f64).sqrt();
+            / (dh as f64).sqrt();
     }
     let keys = boundary_keys(n, splits);
-    let mut q = vec![0f32; HQ * DH];
-    for h in 0..HQ {
-        let kh = h / GROUP;
-        let row = &mut q[h * DH..(h + 1) * DH];
+    let mut q = vec![0f32; hq * dh];
+    for h in 0..hq {
+        let kh = h / group;
+        let row = &mut q[h * dh..(h + 1) * dh];
         if h % 4 == 3 {
             for x in row.iter_mut() {
                 *x = rng.sym(2.0);
@@ -192,7 +263,7 @@ fn queries(c: &Cache, splits: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
             }
         }
     }
-    let mut qg = vec![0f32; HQ * 2 * DH];
+    let mut qg = vec![0f32; hq * 2 * dh];
     for x in &mut qg {
         *x = rng.sym(1.5);
     }
@@ -201,11 +272,13 @@ fn queries(c: &Cache, splits: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
 
 /// f64 attention: [Hq * Dh].
 fn reference(c: &Cache, q: &[f32], qg: &[f32], gated: bool) -> Vec<f64> {
-    let scale = (DH as f64).powf(-0.5);
-    let mut out = vec![0f64; HQ * DH];
-    for h in 0..HQ {
-        let kh = h / GROUP;
-        let qh = &q[h * DH..(h + 1) * DH];
+    let Shape { hq, dh, .. } = c.s;
+    let group = c.s.group();
+    let scale = (dh as f64).powf(-0.5);
+    let mut out = vec![0f64; hq * dh];
+    for h in 0..hq {
+        let kh = h / group;
+        let qh = &q[h * dh..(h + 1) * dh];
         let s: Vec<f64> = (0..c.n)
             .map(|j| {
                 let dot: f64 = qh
@@ -219,7 +292,7 @@ fn reference(c: &Cache, q: &[f32], qg: &[f32], gated: bool) -> Vec<f64> {
         let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
         let total: f64 = w.iter().sum();
-        let o = &mut out[h * DH..(h + 1) * DH];
+        let o = &mut out[h * dh..(h + 1) * dh];
         for (j, wj) in w.iter().enumerate() {
             for (od, vd) in o.iter_mut().zip(vrow(c, j, kh)) {
                 *od += wj * *vd as f64;
@@ -228,7 +301,7 @@ fn reference(c: &Cache, q: &[f32], qg: &[f32], gated: bool) -> Vec<f64> {
         for (d, od) in o.iter_mut().enumerate() {
             *od /= total;
             if gated {
-                let g = qg[h * 2 * DH + DH + d] as f64;
+                let g = qg[h * 2 * dh + dh + d] as f64;
                 *od /= 1.0 + (-g).exp();
             }
         }
@@ -238,6 +311,7 @@ fn reference(c: &Cache, q: &[f32], qg: &[f32], gated: bool) -> Vec<f64> {
 
 /// Device buffers of one context; `scratch` starts as NaN and is reused.
 struct Dev {
+    s: Shape,
     k: DevBuf,
     v: DevBuf,
     q: DevBuf,
@@ -248,33 +322,36 @@ struct Dev {
 }
 
 fn device(g: &Gpu, c: &Cache) -> Dev {
+    let Shape { hq, dh, .. } = c.s;
     let alloc_up = |data: &[u16]| {
         let b = g.alloc(std::mem::size_of_val(data)).unwrap();
         g.upload(b.ptr, data).unwrap();
         b
     };
-    let scratch_bytes = attention_decode_scratch_bytes(HQ, DH, ATTENTION_DECODE_MAX_SPLITS);
+    let scratch_bytes = attention_decode_scratch_bytes(hq, dh, ATTENTION_DECODE_MAX_SPLITS);
     let scratch = g.alloc(scratch_bytes).unwrap();
     g.upload(scratch.ptr, &vec![f32::NAN; scratch_bytes / 4])
         .unwrap();
     let pos = g.alloc(4).unwrap();
     g.upload(pos.ptr, &[(c.n - 1) as i32]).unwrap();
     Dev {
+        s: c.s,
         k: alloc_up(&c.k),
         v: alloc_up(&c.v),
-        q: g.alloc(HQ * DH * 4).unwrap(),
-        qg: g.alloc(HQ * 2 * DH * 4).unwrap(),
+        q: g.alloc(hq * dh * 4).unwrap(),
+        qg: g.alloc(hq * 2 * dh * 4).unwrap(),
         pos,
-        out: g.alloc(HQ * DH * 2).unwrap(),
+        out: g.alloc(hq * dh * 2).unwrap(),
         scratch,
     }
 }
 
-fn download_bf16(g: &Gpu, b: &DevBuf) -> Vec<f32> {
-    from_bf16_bits(&g.download::<u16>(b.ptr, HQ * DH).unwrap())
+fn download_bf16(g: &Gpu, d: &Dev) -> Vec<f32> {
+    from_bf16_bits(&g.download::<u16>(d.out.ptr, d.s.hq * d.s.dh).unwrap())
 }
 
 fn run_decode(g: &Gpu, d: &Dev, splits: usize, gated: bool) -> Vec<f32> {
+    let Shape { hq, hkv, dh } = d.s;
     attention_decode(
         g,
         d.q.ptr,
@@ -285,20 +362,21 @@ fn run_decode(g: &Gpu, d: &Dev, splits: usize, gated: bool) -> Vec<f32> {
         d.out.ptr,
         d.scratch.ptr,
         splits,
-        HQ,
-        HKV,
-        DH,
-        (DH as f32).powf(-0.5),
+        hq,
+        hkv,
+        dh,
+        d.s.scale(),
         gated,
     )
     .unwrap();
-    download_bf16(g, &d.out)
+    download_bf16(g, d)
 }
 
 fn run_attention_kernel(g: &Gpu, d: &Dev, gated: bool) -> Vec<f32> {
+    let Shape { hq, hkv, dh } = d.s;
     g.launch(
         "attention_kernel",
-        (1, HQ as u32, 1),
+        (1, hq as u32, 1),
         (256, 1, 1),
         0,
         &[
@@ -308,15 +386,15 @@ fn run_attention_kernel(g: &Gpu, d: &Dev, gated: bool) -> Vec<f32> {
             Arg::Ptr(d.qg.ptr),
             Arg::Ptr(d.pos.ptr),
             Arg::Ptr(d.out.ptr),
-            Arg::I32(HQ as i32),
-            Arg::I32(HKV as i32),
-            Arg::I32(DH as i32),
-            Arg::F32((DH as f32).powf(-0.5)),
+            Arg::I32(hq as i32),
+            Arg::I32(hkv as i32),
+            Arg::I32(dh as i32),
+            Arg::F32(d.s.scale()),
             Arg::I32(gated as i32),
         ],
     )
     .unwrap();
-    download_bf16(g, &d.out)
+    download_bf16(g, d)
 }
 
 /// (relative L2 error, worst element error / its bound) of `got` against
@@ -357,9 +435,39 @@ fn check(what: &str, got: &[f32], want: &[f64], other: Option<&[f32]>) {
     );
 }
 
+/// One split count on one uploaded context: a query drawn for this split
+/// count's boundary keys (seed `seed`), then decode and `attention_kernel`
+/// each against the f64 reference, and decode against `attention_kernel`.
+fn check_splits(g: &Gpu, c: &Cache, d: &Dev, splits: usize, seed: u64, gated: bool) {
+    let (q, qg) = queries(c, splits, seed);
+    g.upload(d.q.ptr, &q).unwrap();
+    g.upload(d.qg.ptr, &qg).unwrap();
+    let want = reference(c, &q, &qg, gated);
+    let old = run_attention_kernel(g, d, gated);
+    let new = run_decode(g, d, splits, gated);
+    let Shape { hq, hkv, dh } = c.s;
+    let what = format!(
+        "Hq {hq}, Hkv {hkv}, Dh {dh}, n {}, splits {splits}, gated {gated}",
+        c.n
+    );
+    check(&format!("{what}: decode vs f64"), &new, &want, None);
+    check(
+        &format!("{what}: attention_kernel vs f64"),
+        &old,
+        &want,
+        None,
+    );
+    check(
+        &format!("{what}: decode vs attention_kernel"),
+        &new,
+        &want,
+        Some(&old),
+    );
+}
+
 fn check_context(n: usize, gated: bool) {
     let Some(g) = gpu() else { return };
-    let c = cache(n, 0xA77E_0000 + n as u64);
+    let c = cache(RELEASED, MAX_SEQ, n, 0xA77E_0000 + n as u64);
     let d = device(&g, &c);
     let rule = attention_decode_splits(MAX_SEQ);
     assert_eq!(rule, 264);
@@ -367,26 +475,8 @@ fn check_context(n: usize, gated: bool) {
         .into_iter()
         .enumerate()
     {
-        let (q, qg) = queries(&c, splits, 0x5EED_0000 + 16 * n as u64 + i as u64);
-        g.upload(d.q.ptr, &q).unwrap();
-        g.upload(d.qg.ptr, &qg).unwrap();
-        let want = reference(&c, &q, &qg, gated);
-        let old = run_attention_kernel(&g, &d, gated);
-        let new = run_decode(&g, &d, splits, gated);
-        let what = format!("n {n}, splits {splits}, gated {gated}");
-        check(&format!("{what}: decode vs f64"), &new, &want, None);
-        check(
-            &format!("{what}: attention_kernel vs f64"),
-            &old,
-            &want,
-            None,
-        );
-        check(
-            &format!("{what}: decode vs attention_kernel"),
-            &new,
-            &want,
-            Some(&old),
-        );
+        let seed = 0x5EED_0000 + 16 * n as u64 + i as u64;
+        check_splits(&g, &c, &d, splits, seed, gated);
     }
 }
 
@@ -426,8 +516,76 @@ fn decode_ungated_n1000() {
     check_context(1000, false);
 }
 
-/// Host-side checks that need no GPU: the rule's split counts and the
-/// needle keys the tests place.
+/// `decode_other_shapes`' context of n keys at shape s, and the seed of its
+/// query for its i-th split count (`check_context`'s seeds, offset per shape).
+fn other_cache(s: Shape, n: usize) -> Cache {
+    cache(
+        s,
+        OTHER_MAX_SEQ,
+        n,
+        0xA77E_0000 + n as u64 + s.seed_offset(),
+    )
+}
+
+fn other_query_seed(s: Shape, n: usize, i: usize) -> u64 {
+    0x5EED_0000 + 16 * n as u64 + i as u64 + s.seed_offset()
+}
+
+/// Every shape of OTHER_SHAPES, every n of OTHER_CONTEXTS (in a cache of
+/// OTHER_MAX_SEQ rows), at 1, 7 and the rule's splits (16): 54 runs of both
+/// kernels, checked as `check_context` checks them. n = 37 runs ungated, the
+/// others gated.
+#[test]
+fn decode_other_shapes() {
+    let Some(g) = gpu() else { return };
+    let rule = attention_decode_splits(OTHER_MAX_SEQ);
+    assert_eq!(rule, 16);
+    for s in OTHER_SHAPES {
+        for n in OTHER_CONTEXTS {
+            let c = other_cache(s, n);
+            let d = device(&g, &c);
+            let gated = n != 37;
+            for (i, splits) in [1, 7, rule].into_iter().enumerate() {
+                let seed = other_query_seed(s, n, i);
+                check_splits(&g, &c, &d, splits, seed, gated);
+            }
+        }
+    }
+}
+
+/// The smallest softmax weight a needle head (h % 4 != 3, h below the
+/// number of boundary keys) gives its boundary key, from q as `queries`
+/// draws it (f64, as `reference`).
+fn least_needle_weight(c: &Cache, q: &[f32], splits: usize) -> f64 {
+    let Shape { hq, dh, .. } = c.s;
+    let keys = boundary_keys(c.n, splits);
+    let mut least = 1f64;
+    for h in (0..hq.min(keys.len())).filter(|h| h % 4 != 3) {
+        let kh = h / c.s.group();
+        let qh = &q[h * dh..(h + 1) * dh];
+        let s: Vec<f64> = (0..c.n)
+            .map(|j| {
+                let dot: f64 = qh
+                    .iter()
+                    .zip(krow(c, j, kh))
+                    .map(|(a, b)| *a as f64 * *b as f64)
+                    .sum();
+                dot / (dh as f64).sqrt()
+            })
+            .collect();
+        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let total: f64 = s.iter().map(|x| (x - m).exp()).sum();
+        least = least.min((s[keys[h]] - m).exp() / total);
+    }
+    least
+}
+
+/// Host-side checks that need no GPU: the rule's split counts, the needle
+/// keys the tests place, that the launcher takes OTHER_SHAPES, which between
+/// them reach the paths listed there, and that `decode_other_shapes`' inputs
+/// still make its needles count at those head dims (the needle key keeps at
+/// least 5% of its head's weight; ~10-90% as drawn, as at the released
+/// sizes), its reference finite.
 #[test]
 fn boundary_keys_are_in_range() {
     for n in [1, 2, 37, 1000, 4096, 33_000] {
@@ -436,4 +594,57 @@ fn boundary_keys_are_in_range() {
         }
     }
     assert_eq!(attention_decode_splits(MAX_SEQ), 264);
+
+    let rule = attention_decode_splits(OTHER_MAX_SEQ);
+    assert_eq!(rule, 16);
+    for n in OTHER_CONTEXTS {
+        assert!(n <= OTHER_MAX_SEQ);
+        for splits in [1, 7, rule] {
+            assert!(boundary_keys(n, splits).iter().all(|&j| j < n));
+        }
+    }
+    for s in OTHER_SHAPES {
+        assert_ne!(s, RELEASED);
+        for splits in [1, 7, rule] {
+            attention_decode_check(s.hq, s.hkv, s.dh, splits).unwrap();
+        }
+    }
+    let any = |f: fn(Shape) -> bool| OTHER_SHAPES.into_iter().any(f);
+    assert!(any(|s| s.group() < 8), "a block of fewer than 8 heads");
+    assert!(
+        any(|s| s.group() > 8 && s.group() % 8 == 0),
+        "two full blocks per KV head"
+    );
+    assert!(
+        any(|s| s.group() > 8 && s.group() % 8 != 0),
+        "a short second block"
+    );
+    assert!(any(|s| s.hkv == 1), "one KV head");
+    assert!(any(|s| s.dh % 64 == 32), "a V chunk cut mid-way");
+    assert!(any(|s| s.dh == 32), "the smallest head dim");
+    // Seeds: one set per shape.
+    for (i, a) in OTHER_SHAPES.into_iter().enumerate() {
+        assert_ne!(a.seed_offset(), 0);
+        for b in &OTHER_SHAPES[..i] {
+            assert_ne!(a.seed_offset(), b.seed_offset());
+        }
+    }
+    // decode_other_shapes' inputs, as it draws them.
+    for s in OTHER_SHAPES {
+        for n in OTHER_CONTEXTS {
+            let c = other_cache(s, n);
+            for (i, splits) in [1, 7, rule].into_iter().enumerate() {
+                let seed = other_query_seed(s, n, i);
+                let (q, qg) = queries(&c, splits, seed);
+                let w = least_needle_weight(&c, &q, splits);
+                assert!(
+                    w >= 0.05,
+                    "{s:?}, n {n}, splits {splits}: a needle has weight {w:.3}"
+                );
+                assert!(reference(&c, &q, &qg, n != 37)
+                    .iter()
+                    .all(|x| x.is_finite()));
+            }
+        }
+    }
 }
