@@ -191,6 +191,13 @@ __device__ __forceinline__ uint4 ld_v4(const void* p) {
     return v;
 }
 
+// Asks L2 for one K or V row: `lines` 128-byte lines (at most 4: Dh <= 256).
+__device__ __forceinline__ void attd_prefetch_row(const bf16* p, int lines) {
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        if (i < lines) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + i * 64));
+}
+
 // (x, y) -> bf16 pair hi (x in the low half) and the pair of what rounding
 // left, lo, so that x = hi.x + lo.x to 16 bits of mantissa.
 __device__ __forceinline__ void split_bf16x2(float x, float y, unsigned& hi, unsigned& lo) {
@@ -236,10 +243,8 @@ extern "C" __global__ void __launch_bounds__(ATTD_WARPS * 32, 2)
     // before the wait.)
     if (a + lane < b) {
         const long off = (a + lane) * rs + (long)kh * Dh;
-        for (int i = 0; i < lines; i++) {
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(kcache + off + i * 64));
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(vcache + off + i * 64));
-        }
+        attd_prefetch_row(kcache + off, lines);
+        attd_prefetch_row(vcache + off, lines);
     }
     pdl_wait();
     pdl_trigger();
@@ -341,15 +346,8 @@ extern "C" __global__ void __launch_bounds__(ATTD_WARPS * 32, 2)
     };
     for (long j0 = a; j0 < b; j0 += ATTD_BATCH) {
         // L2 prefetch two batches ahead (lane l: row j0 + 32 + l % 16, K or V).
-        {
-            const long r = j0 + 2 * ATTD_BATCH + (lane & 15);
-            if (r < b) {
-                const bf16* p = (lane < 16 ? kcache : vcache) + r * rs + (long)kh * Dh;
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    if (i < lines) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + i * 64));
-            }
-        }
+        const long r = j0 + 2 * ATTD_BATCH + (lane & 15);
+        if (r < b) attd_prefetch_row((lane < 16 ? kcache : vcache) + r * rs + (long)kh * Dh, lines);
         // Scores: tile T holds keys j0 + 8T..j0 + 8T + 7 (kraw: key g).
         // Four accumulator chains (tile x k-step parity): an MMA's result
         // is not waited for by the next one issued.

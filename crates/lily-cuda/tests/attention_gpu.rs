@@ -270,28 +270,36 @@ fn queries(c: &Cache, splits: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
     (q, qg)
 }
 
+/// Query head h's unnormalised softmax weights over the n keys, exp(s_j - max
+/// s), and their total, in f64 (s_j = q . k_j * Dh^-1/2).
+fn softmax_weights(c: &Cache, q: &[f32], h: usize) -> (Vec<f64>, f64) {
+    let dh = c.s.dh;
+    let kh = h / c.s.group();
+    let scale = (dh as f64).powf(-0.5);
+    let qh = &q[h * dh..(h + 1) * dh];
+    let s: Vec<f64> = (0..c.n)
+        .map(|j| {
+            let dot: f64 = qh
+                .iter()
+                .zip(krow(c, j, kh))
+                .map(|(a, b)| *a as f64 * *b as f64)
+                .sum();
+            dot * scale
+        })
+        .collect();
+    let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+    let total = w.iter().sum();
+    (w, total)
+}
+
 /// f64 attention: [Hq * Dh].
 fn reference(c: &Cache, q: &[f32], qg: &[f32], gated: bool) -> Vec<f64> {
     let Shape { hq, dh, .. } = c.s;
-    let group = c.s.group();
-    let scale = (dh as f64).powf(-0.5);
     let mut out = vec![0f64; hq * dh];
     for h in 0..hq {
-        let kh = h / group;
-        let qh = &q[h * dh..(h + 1) * dh];
-        let s: Vec<f64> = (0..c.n)
-            .map(|j| {
-                let dot: f64 = qh
-                    .iter()
-                    .zip(krow(c, j, kh))
-                    .map(|(a, b)| *a as f64 * *b as f64)
-                    .sum();
-                dot * scale
-            })
-            .collect();
-        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-        let total: f64 = w.iter().sum();
+        let kh = h / c.s.group();
+        let (w, total) = softmax_weights(c, q, h);
         let o = &mut out[h * dh..(h + 1) * dh];
         for (j, wj) in w.iter().enumerate() {
             for (od, vd) in o.iter_mut().zip(vrow(c, j, kh)) {
@@ -557,25 +565,11 @@ fn decode_other_shapes() {
 /// number of boundary keys) gives its boundary key, from q as `queries`
 /// draws it (f64, as `reference`).
 fn least_needle_weight(c: &Cache, q: &[f32], splits: usize) -> f64 {
-    let Shape { hq, dh, .. } = c.s;
     let keys = boundary_keys(c.n, splits);
     let mut least = 1f64;
-    for h in (0..hq.min(keys.len())).filter(|h| h % 4 != 3) {
-        let kh = h / c.s.group();
-        let qh = &q[h * dh..(h + 1) * dh];
-        let s: Vec<f64> = (0..c.n)
-            .map(|j| {
-                let dot: f64 = qh
-                    .iter()
-                    .zip(krow(c, j, kh))
-                    .map(|(a, b)| *a as f64 * *b as f64)
-                    .sum();
-                dot / (dh as f64).sqrt()
-            })
-            .collect();
-        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let total: f64 = s.iter().map(|x| (x - m).exp()).sum();
-        least = least.min((s[keys[h]] - m).exp() / total);
+    for h in (0..c.s.hq.min(keys.len())).filter(|h| h % 4 != 3) {
+        let (w, total) = softmax_weights(c, q, h);
+        least = least.min(w[keys[h]] / total);
     }
     least
 }
