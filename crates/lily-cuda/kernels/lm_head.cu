@@ -20,7 +20,11 @@
 // The int8 copy, run once at load: a warp per row of W [V, D] (D % 256 == 0).
 // q: [V, D] int8; scale[r] = s_r; err[r] = (||W_r - s_r q_r||_2 + (2 D 2^-24 +
 // 1e-6) ||W_r||_2) * 1.001, the bound's factor of ||x||_2 (the slack covers
-// the rounding of the bound's own sums).
+// the rounding of the bound's own sums). A row whose largest weight is below
+// 2^-40 (but not 0) gets err = inf, i.e. no bound: there the plain f32 sums of
+// squares and products may underflow, and the rounding terms are no longer
+// relative (such a row is always a candidate; a trained head has none).
+#define HEAD_TINY 9.094947e-13f  // 2^-40
 extern "C" __global__ void head_quantize_kernel(const bf16* __restrict__ W, int V, int D,
                                                 signed char* __restrict__ q, float* __restrict__ scale,
                                                 float* __restrict__ err) {
@@ -56,7 +60,8 @@ extern "C" __global__ void head_quantize_kernel(const bf16* __restrict__ W, int 
     ww = warp_sum(ww);
     if (lane == 0) {
         scale[r] = s;
-        err[r] = (sqrtf(dd) + (2.f * (float)D * 5.9604645e-8f + 1e-6f) * sqrtf(ww)) * 1.001f;
+        err[r] = m > 0.f && m < HEAD_TINY ? LILY_INF
+                                          : (sqrtf(dd) + (2.f * (float)D * 5.9604645e-8f + 1e-6f) * sqrtf(ww)) * 1.001f;
     }
 }
 
@@ -86,6 +91,7 @@ extern "C" __global__ void __launch_bounds__(256) head_screen_kernel(const signe
                                                                     const bf16* __restrict__ x, int V,
                                                                     const int* __restrict__ valid,
                                                                     float* __restrict__ hi, unsigned* __restrict__ lo) {
+    TRACE(TK_HEAD_SCREEN);
     constexpr int D = 2048, NCH = D / 512;
     __shared__ unsigned block_lo[8];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -106,16 +112,21 @@ extern "C" __global__ void __launch_bounds__(256) head_screen_kernel(const signe
     pdl_wait();
     pdl_trigger();
     const bf16* xs = stage_xs(x, D);
-    // ||x||_2, by every warp for itself (no second barrier)
-    float xx = 0.f;
+    // ||x||_2, by every warp for itself (no second barrier); as for a row,
+    // no bound (inf) for an x whose largest element is below 2^-40 but not 0
+    float xx = 0.f, xm = 0.f;
 #pragma unroll
     for (int k = 0; k < D / 256; k++) {
         float b[8];
         load8(xs + lane * 8 + 256 * k, b);
 #pragma unroll
-        for (int i = 0; i < 8; i++) xx += b[i] * b[i];
+        for (int i = 0; i < 8; i++) {
+            xx += b[i] * b[i];
+            xm = fmaxf(xm, fabsf(b[i]));
+        }
     }
-    const float xn = sqrtf(warp_sum(xx));
+    xm = warp_max(xm);
+    const float xn = xm > 0.f && xm < HEAD_TINY ? LILY_INF : sqrtf(warp_sum(xx));
     unsigned best = 0u;
 #pragma unroll
     for (int j = 0; j < HEAD_SCREEN_ROWS; j++) {
@@ -165,6 +176,7 @@ extern "C" __global__ void __launch_bounds__(256) head_pick_kernel(const float* 
                                                                   const bf16* __restrict__ W,
                                                                   const bf16* __restrict__ x, int V,
                                                                   u64* __restrict__ best) {
+    TRACE(TK_HEAD_PICK);
     constexpr int D = 2048, NCH = D / 256;
     __shared__ int rows[HEAD_PICK_TILE];
     __shared__ int nrows;

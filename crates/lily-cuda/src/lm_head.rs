@@ -101,6 +101,11 @@ impl HeadScreen {
         )
     }
 
+    /// The screen's output hi [V] f32 (each row's upper bound; tests).
+    pub fn hi_ptr(&self) -> u64 {
+        self.hi.ptr
+    }
+
     /// The screen's threshold, which `argmax_finish_kernel` clears each step.
     pub fn threshold(&self) -> u64 {
         self.lo.ptr

@@ -697,7 +697,8 @@ fn screened_greedy_matches_the_full_argmax() {
     );
     g.zero(best.ptr, 8).unwrap();
     g.upload(pos.ptr, &[0i32]).unwrap();
-    // (full id, screened id, the threshold as the screen left it)
+    // (full id, screened id, the threshold as the screen left it); the
+    // screen must have left few candidates (hi >= the threshold) for random x
     let choose = |w: &[f32], x: &[f32], valid: usize| -> (i32, i32, u32) {
         let wb = g.upload_new(&bf16_bits(w)).unwrap();
         let xb = g.upload_new(&bf16_bits(x)).unwrap();
@@ -711,6 +712,20 @@ fn screened_greedy_matches_the_full_argmax() {
         hs.launch(&g, wb.ptr, xb.ptr, valid_buf.ptr, best.ptr)
             .unwrap();
         let thr = g.download::<u32>(hs.threshold(), 1).unwrap()[0];
+        if thr != 0 {
+            // the threshold back as a float (order_key's inverse)
+            let t = f32::from_bits(if thr & 0x8000_0000 != 0 {
+                thr & 0x7fff_ffff
+            } else {
+                !thr
+            });
+            let hi = g.download::<f32>(hs.hi_ptr(), valid.min(n)).unwrap();
+            let cands = hi.iter().filter(|&&h| h >= t).count();
+            assert!(
+                (1..=n / 100).contains(&cands),
+                "{cands} candidates of {valid}"
+            );
+        }
         greedy_finish(&g, best.ptr, next.ptr, pos.ptr, 0, 0, hs.threshold()).unwrap();
         let screened = g.download::<i32>(next.ptr, 1).unwrap()[0];
         assert_eq!(
@@ -731,17 +746,17 @@ fn screened_greedy_matches_the_full_argmax() {
         let (full, screened, thr) = choose(&w, &x, n);
         assert_eq!(screened, full, "trial {trial}: random head");
         assert_ne!(thr, 0, "trial {trial}: no threshold");
+        let top = full as usize;
         for scale in [1e-3f32, 1e3] {
             let xs: Vec<f32> = x.iter().map(|v| v * scale).collect();
             let (full, screened, _) = choose(&w, &xs, n);
             assert_eq!(screened, full, "trial {trial}: x scaled by {scale}");
         }
         let valid = n - 3_000 - 97 * trial as usize;
-        let (full, screened, _) = choose(&w, &x, valid);
-        assert!((full as usize) < valid);
-        assert_eq!(screened, full, "trial {trial}: valid {valid}");
+        let (below, screened, _) = choose(&w, &x, valid);
+        assert!((below as usize) < valid);
+        assert_eq!(screened, below, "trial {trial}: valid {valid}");
         // ties: the strongest row copied to a lower and a higher id
-        let top = full as usize;
         let row: Vec<f32> = w[top * k..(top + 1) * k].to_vec();
         let (lower, higher) = ((top + 7_919) % n, (top + 11_113) % n);
         let (lower, higher) = (lower.min(higher), lower.max(higher));

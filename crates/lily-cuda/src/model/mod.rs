@@ -299,14 +299,15 @@ impl CudaModel {
         // keep 512 MiB for cuBLAS workspaces and the driver
         if wb + sb + ab + (512 << 20) > free {
             bail!(
-                "not enough GPU memory: the model needs {:.1} GiB (weights {:.1} + state {:.2} for --max-seq {} + activations {:.2}) but {:.1} GiB are free on {}; lower --max-seq or free the GPU",
+                "not enough GPU memory: the model needs {:.1} GiB (weights {:.1} + state {:.2} for --max-seq {} + activations {:.2}) but {:.1} GiB are free on {}; lower --max-seq, set LILY_HEAD_SCREEN=0 (the greedy lm_head's int8 copy, {:.2} GiB) or free the GPU",
                 gib(wb + sb + ab),
                 gib(wb),
                 gib(sb),
                 opts.max_seq,
                 gib(ab),
                 gib(free),
-                gpu.name
+                gpu.name,
+                gib(head_screen_bytes(&cfg, &opts))
             );
         }
         let t0 = std::time::Instant::now();
@@ -803,7 +804,8 @@ impl CudaModel {
         }
         self.gpu.upload(self.s.next.ptr, &[token as i32])?;
         let valid = valid.min(self.cfg.vocab_size);
-        self.decode_step(st, valid, false)?;
+        // a greedy choice needs no logits: the screened step
+        self.decode_step(st, valid, p.is_greedy())?;
         // the step's own greedy choice (over the same ids), or a draw, both
         // left in s.next
         let id = if p.is_greedy() {
