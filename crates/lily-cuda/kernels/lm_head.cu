@@ -1,12 +1,12 @@
 // The greedy decode step's lm_head, screened through an int8 copy of its
 // weights. The greedy choice needs only the largest logit, and every row's
-// logit is known to within a bound from a copy a quarter the size of the bf16
+// logit is known to within a bound from a copy half the size of the bf16
 // matrix: per row r, q_r = round(W_r / s_r) (int8, s_r = max |W_r| / 127) and
 //   |W_r . x - s_r (q_r . x)| <= ||W_r - s_r q_r||_2 ||x||_2   (Cauchy-Schwarz),
 // plus the f32 rounding of both sums (<= 2 D 2^-24 ||W_r||_2 ||x||_2 for D
 // terms). So with lq_r = s_r (q_r . x), b_r that bound, and T the largest
 // lq_r - b_r, the row holding the largest logit has lq_r + b_r >= T. The
-// screen reads the int8 copy (a quarter of the bytes of the 1 GB bf16 head
+// screen reads the int8 copy (half the bytes of the 1 GB bf16 head
 // at this vocabulary) and writes hi_r = lq_r + b_r and T; the pick then
 // computes the exact logit, in the bf16 product's own order (gemv_kernel's
 // prefetched_dot), of each row with hi_r >= T only (tens of rows for random

@@ -1,6 +1,6 @@
 //! The greedy decode step's lm_head screened through an int8 copy of its
 //! weights (kernels/lm_head.cu): every row's logit is bounded from the copy
-//! (a quarter of the bf16 head's bytes), and only the rows that can hold the
+//! (half the bf16 head's bytes), and only the rows that can hold the
 //! largest logit are computed exactly, in the full product's own order. The
 //! chosen id is the full product's argmax, bit for bit; the logits are not
 //! produced, so only greedy steps that return nothing but the id use it.

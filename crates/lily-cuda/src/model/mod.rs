@@ -45,7 +45,7 @@ pub struct CudaOptions {
     pub gdn_signal: bool,
     /// Greedy decode steps pick their token through an int8 copy of the
     /// lm_head (kernels/lm_head.cu): the same id as the full product's
-    /// argmax, from a quarter of its bytes; steps that need the logits take
+    /// argmax, from half of its bytes; steps that need the logits take
     /// the full product. `LILY_HEAD_SCREEN=0` turns it off (the copy costs
     /// vocab x hidden bytes of GPU memory)
     pub head_screen: bool,
