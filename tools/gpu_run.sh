@@ -139,6 +139,11 @@ final)
   (cd tools && PYTHONUNBUFFERED=1 timeout 240 python3 hf_bench.py --synthetic full --lily ../.carry/lily --prompt-len 512,4096 \
     --context 512,4096 --gen 16 --runs 1 --out "$out/side-hf.json" > "$out/side-hf.log" 2>&1) || note "hf bench FAILED: $(tail -3 "$out/side-hf.log")"
   note "$(python3 tools/side_by_side.py "$out/side-lily.json" "$out/side-hf.json" 2>&1)"
+  # the same bench with the full bf16 lm_head in greedy steps (the default
+  # screens it through its int8 copy: same ids), so both figures are on record
+  LILY_HEAD_SCREEN=0 timeout 100 "$lily" bench --device cuda --synthetic full --prompt-len 512,4096 --context 512,4096 --gen 64 --runs 2 \
+    > "$out/side-lily-full-head.txt" 2> "$out/side-lily-full-head.log" \
+    && note "LILY_HEAD_SCREEN=0: $(decode_rows "$out/side-lily-full-head.txt")" || note "lily bench (full head) FAILED: $(tail -3 "$out/side-lily-full-head.log")"
   ;;
 recheck)
   for t in .carry/test-model_gpu .carry/test-ops_gpu; do
@@ -246,6 +251,7 @@ long)
   # decode at 131,072 context (one prefill; its speed is what issue 6 asks about)
   # (--fill zeros: past 512 tokens the KV cache is zeroed, not prefilled; a
   # 131k prefill with the CUDA-core prefill attention would take minutes)
+  # (LILY_HEAD_SCREEN=0 in the caller's environment: the full bf16 lm_head)
   timeout 560 "$lily" bench --device cuda --synthetic full --prompt-len 64 --context 4096,32768,131072 --fill zeros --gen 128 --runs 3 \
     > "$out/bench-long.txt" 2> "$out/bench-long.log" && note "$(cat "$out/bench-long.txt")" || note "bench long FAILED: $(tail -3 "$out/bench-long.log")"
   ;;
