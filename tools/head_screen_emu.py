@@ -70,13 +70,17 @@ def quantize(W):
     return q, s, err
 def screen(q, s, err, x, nv):
     V, D = q.shape
-    xx = np.zeros(32, np.float32); xm = np.zeros(32, np.float32)
-    for k in range(D // 256):
-        for i in range(8):
-            b = x[np.arange(32) * 8 + 256 * k + i]
-            xx = (xx + b * b).astype(np.float32); xm = np.fmax(xm, np.abs(b))
-    xm = warp_max(xm)
-    xn = np.float32(np.inf) if (xm > 0 and xm < TINY) else np.sqrt(warp_sum(xx))
+    # thread t stages x[8t, 8t + 8): its sums, a warp's by shuffles, then the 8 warps'
+    xt = x.reshape(D // 8, 8)
+    xx = np.zeros(D // 8, np.float32); xm = np.zeros(D // 8, np.float32)
+    for i in range(8):
+        xx = (xx + xt[:, i] * xt[:, i]).astype(np.float32); xm = np.fmax(xm, np.abs(xt[:, i]))
+    xx = warp_sum(xx.reshape(-1, 32)); xm = warp_max(xm.reshape(-1, 32))
+    tot = np.float32(0)
+    for w in range(len(xx)):
+        tot = np.float32(tot + xx[w])
+    xm = xm.max()
+    xn = np.float32(np.inf) if (xm > 0 and xm < TINY) else np.sqrt(tot)
     acc = np.zeros((V, 32), np.float32)
     for k in range(D // 512):  # lane chunk: elements lane*16 + 512k .. +16
         for i in range(16):

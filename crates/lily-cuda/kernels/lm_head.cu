@@ -82,8 +82,9 @@ __device__ __forceinline__ float order_value(unsigned k) {
 #define HEAD_SCREEN_ROWS 2  // rows a warp: 16 a block, 32 KB of int8 in flight
 // The screen: hi[r] = lq_r + b_r for rows below *valid (+inf where the bound
 // is not finite), and *lo (an order_key; 0 before, cleared by
-// argmax_finish_kernel) raised to the largest finite lq_r - b_r. D = 2048 (the released hidden size; the model checks
-// it). Block 256 threads, grid ceil(V / 16). A lane's 16-byte chunks of its
+// argmax_finish_kernel) raised to the largest finite lq_r - b_r. D = 2048
+// (the released hidden size; the model checks it): 256 threads stage x, 8
+// elements each. Block 256 threads, grid ceil(V / 16). A lane's 16-byte chunks of its
 // rows (lane * 16 + 512 c) are requested before the PDL wait.
 extern "C" __global__ void __launch_bounds__(256) head_screen_kernel(const signed char* __restrict__ q,
                                                                     const float* __restrict__ scale,
@@ -111,39 +112,62 @@ extern "C" __global__ void __launch_bounds__(256) head_screen_kernel(const signe
     }
     pdl_wait();
     pdl_trigger();
-    const bf16* xs = stage_xs(x, D);
-    // ||x||_2, by every warp for itself (no second barrier); as for a row,
-    // no bound (inf) for an x whose largest element is below 2^-40 but not 0
-    float xx = 0.f, xm = 0.f;
-#pragma unroll
-    for (int k = 0; k < D / 256; k++) {
-        float b[8];
-        load8(xs + lane * 8 + 256 * k, b);
+    // x into shared memory, and ||x||_2 and max |x| with it: each thread's 8
+    // elements, a warp's sums by shuffles, the 8 warps' through shared memory
+    // after the staging barrier (D = 256 threads x 8)
+    __shared__ float xsum[8], xmax[8];
+    bf16* xs = decode_xs();
+    {
+        const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(x) + threadIdx.x);
+        *reinterpret_cast<uint4*>(xs + threadIdx.x * 8) = raw;
+        float b[8], xx = 0.f, xm = 0.f;
+        unpack8(raw, b);
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             xx += b[i] * b[i];
             xm = fmaxf(xm, fabsf(b[i]));
         }
+        xx = warp_sum(xx);
+        xm = warp_max(xm);
+        if (lane == 0) {
+            xsum[warp] = xx;
+            xmax[warp] = xm;
+        }
     }
-    xm = warp_max(xm);
-    const float xn = xm > 0.f && xm < HEAD_TINY ? LILY_INF : sqrtf(warp_sum(xx));
+    __syncthreads();
+    float xx = 0.f, xm = 0.f;
+#pragma unroll
+    for (int w = 0; w < 8; w++) {
+        xx += xsum[w];
+        xm = fmaxf(xm, xmax[w]);
+    }
+    // as for a row: no bound (inf) for an x whose largest element is below
+    // 2^-40 but not 0
+    const float xn = xm > 0.f && xm < HEAD_TINY ? LILY_INF : sqrtf(xx);
     unsigned best = 0u;
+    // x's 16 elements of chunk k are the same for both rows: loaded once
+    float acc[HEAD_SCREEN_ROWS];
 #pragma unroll
-    for (int j = 0; j < HEAD_SCREEN_ROWS; j++) {
-        float acc = 0.f;
+    for (int j = 0; j < HEAD_SCREEN_ROWS; j++) acc[j] = 0.f;
 #pragma unroll
-        for (int k = 0; k < NCH; k++) {
-            float a[16], b[16];
+    for (int k = 0; k < NCH; k++) {
+        float b[16];
+        load8(xs + lane * 16 + 512 * k, b);
+        load8(xs + lane * 16 + 512 * k + 8, b + 8);
+#pragma unroll
+        for (int j = 0; j < HEAD_SCREEN_ROWS; j++) {
+            float a[16];
             int8x4_to_float(c[j][k].x, a);
             int8x4_to_float(c[j][k].y, a + 4);
             int8x4_to_float(c[j][k].z, a + 8);
             int8x4_to_float(c[j][k].w, a + 12);
-            load8(xs + lane * 16 + 512 * k, b);
-            load8(xs + lane * 16 + 512 * k + 8, b + 8);
 #pragma unroll
-            for (int i = 0; i < 16; i++) acc += a[i] * b[i];
+            for (int i = 0; i < 16; i++) acc[j] += a[i] * b[i];
         }
-        const float lq = warp_sum(acc) * s[j], b = e[j] * xn;
+    }
+#pragma unroll
+    for (int j = 0; j < HEAD_SCREEN_ROWS; j++) {
+        const float lq = warp_sum(acc[j]) * s[j], b = e[j] * xn;
         const long r = r0 + j;
         if (r < nv) {
             // a row without a finite bound (an inf or NaN weight or input)
