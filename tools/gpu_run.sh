@@ -25,8 +25,14 @@ tokens_json() { # N -> file with N seeded token ids
   python3 -c "import json,random; random.seed(7); print(json.dumps([random.randrange(248077) for _ in range($1)]))" > "$2"
 }
 
-gpu_tests() { # every carried GPU test binary; logs in /tmp and $out/tests.log
-  for t in "$carry"/test-*; do
+gpu_tests() { # every carried GPU test binary (LILY_TEST_BINS: a subset, e.g. "ops model"); logs in /tmp and $out/tests.log
+  local bins=()
+  if [ -n "${LILY_TEST_BINS:-}" ]; then
+    for b in $LILY_TEST_BINS; do bins+=("$carry/test-${b}_gpu"); done
+  else
+    bins=("$carry"/test-*)
+  fi
+  for t in "${bins[@]}"; do
     timeout 200 "$t" --test-threads 1 > "/tmp/$(basename "$t").log" 2>&1 \
       && note "$(basename "$t"): $(grep -E '^test result' "/tmp/$(basename "$t").log" | tail -1)" \
       || note "$(basename "$t"): FAILED: $(grep -E -A3 'panicked' "/tmp/$(basename "$t").log" | head -5 | tr '\n' ' ')"
@@ -225,7 +231,8 @@ envs)
   # each a space-separated list of VAR=value), decode at LILY_CONTEXTS
   # (4096,32768), in turn, LILY_ROUNDS times (2); after every GPU test when
   # LILY_TESTS=1. A setting's LILY_BIN=PATH runs another carried build
-  # (e.g. .carry/variants/NAME/lily, unpacked here).
+  # (e.g. .carry/variants/NAME/lily, unpacked here). LILY_FILL=zeros: the
+  # cache past 512 tokens zeroed, not prefilled (for 131072 in LILY_CONTEXTS).
   [ "${LILY_TESTS:-0}" = 1 ] && gpu_tests
   for d in "$root"/.carry/variants/*/; do unpack "$d"; done
   IFS=';' read -r -a sets <<< "${LILY_ENVS:-LILY_PDL=1}"
@@ -233,7 +240,7 @@ envs)
     for e in "${sets[@]}"; do
       tag=$(echo "$e" | tr ' =/' '_.-')
       bin=$(printf '%s\n' $e | sed -n 's/^LILY_BIN=//p')
-      env $e timeout 150 "${bin:-$lily}" bench --device cuda --synthetic full --prompt-len 64 --context "${LILY_CONTEXTS:-4096,32768}" --gen 128 --runs 3 \
+      env $e timeout 150 "${bin:-$lily}" bench --device cuda --synthetic full --prompt-len 64 --context "${LILY_CONTEXTS:-4096,32768}" --fill "${LILY_FILL:-prefill}" --gen 128 --runs 3 \
         > "$out/bench-$tag-$round.txt" 2>&1 && note "$e: $(decode_rows "$out/bench-$tag-$round.txt")" || note "$e FAILED: $(tail -2 "$out/bench-$tag-$round.txt")"
     done
   done
