@@ -25,8 +25,14 @@ tokens_json() { # N -> file with N seeded token ids
   python3 -c "import json,random; random.seed(7); print(json.dumps([random.randrange(248077) for _ in range($1)]))" > "$2"
 }
 
-gpu_tests() { # every carried GPU test binary; logs in /tmp and $out/tests.log
-  for t in "$carry"/test-*; do
+gpu_tests() { # every carried GPU test binary (LILY_TEST_BINS: a subset, e.g. "ops model"); logs in /tmp and $out/tests.log
+  local bins=()
+  if [ -n "${LILY_TEST_BINS:-}" ]; then
+    for b in $LILY_TEST_BINS; do bins+=("$carry/test-${b}_gpu"); done
+  else
+    bins=("$carry"/test-*)
+  fi
+  for t in "${bins[@]}"; do
     timeout 200 "$t" --test-threads 1 > "/tmp/$(basename "$t").log" 2>&1 \
       && note "$(basename "$t"): $(grep -E '^test result' "/tmp/$(basename "$t").log" | tail -1)" \
       || note "$(basename "$t"): FAILED: $(grep -E -A3 'panicked' "/tmp/$(basename "$t").log" | head -5 | tr '\n' ' ')"
@@ -139,6 +145,11 @@ final)
   (cd tools && PYTHONUNBUFFERED=1 timeout 240 python3 hf_bench.py --synthetic full --lily ../.carry/lily --prompt-len 512,4096 \
     --context 512,4096 --gen 16 --runs 1 --out "$out/side-hf.json" > "$out/side-hf.log" 2>&1) || note "hf bench FAILED: $(tail -3 "$out/side-hf.log")"
   note "$(python3 tools/side_by_side.py "$out/side-lily.json" "$out/side-hf.json" 2>&1)"
+  # the same bench with the full bf16 lm_head in greedy steps (the default
+  # screens it through its int8 copy: same ids), so both figures are on record
+  LILY_HEAD_SCREEN=0 timeout 100 "$lily" bench --device cuda --synthetic full --prompt-len 512,4096 --context 512,4096 --gen 64 --runs 2 \
+    > "$out/side-lily-full-head.txt" 2> "$out/side-lily-full-head.log" \
+    && note "LILY_HEAD_SCREEN=0: $(decode_rows "$out/side-lily-full-head.txt")" || note "lily bench (full head) FAILED: $(tail -3 "$out/side-lily-full-head.log")"
   ;;
 recheck)
   for t in .carry/test-model_gpu .carry/test-ops_gpu; do
@@ -220,7 +231,8 @@ envs)
   # each a space-separated list of VAR=value), decode at LILY_CONTEXTS
   # (4096,32768), in turn, LILY_ROUNDS times (2); after every GPU test when
   # LILY_TESTS=1. A setting's LILY_BIN=PATH runs another carried build
-  # (e.g. .carry/variants/NAME/lily, unpacked here).
+  # (e.g. .carry/variants/NAME/lily, unpacked here). LILY_FILL=zeros: the
+  # cache past 512 tokens zeroed, not prefilled (for 131072 in LILY_CONTEXTS).
   [ "${LILY_TESTS:-0}" = 1 ] && gpu_tests
   for d in "$root"/.carry/variants/*/; do unpack "$d"; done
   IFS=';' read -r -a sets <<< "${LILY_ENVS:-LILY_PDL=1}"
@@ -228,7 +240,7 @@ envs)
     for e in "${sets[@]}"; do
       tag=$(echo "$e" | tr ' =/' '_.-')
       bin=$(printf '%s\n' $e | sed -n 's/^LILY_BIN=//p')
-      env $e timeout 150 "${bin:-$lily}" bench --device cuda --synthetic full --prompt-len 64 --context "${LILY_CONTEXTS:-4096,32768}" --gen 128 --runs 3 \
+      env $e timeout 150 "${bin:-$lily}" bench --device cuda --synthetic full --prompt-len 64 --context "${LILY_CONTEXTS:-4096,32768}" --fill "${LILY_FILL:-prefill}" --gen 128 --runs 3 \
         > "$out/bench-$tag-$round.txt" 2>&1 && note "$e: $(decode_rows "$out/bench-$tag-$round.txt")" || note "$e FAILED: $(tail -2 "$out/bench-$tag-$round.txt")"
     done
   done
@@ -246,6 +258,7 @@ long)
   # decode at 131,072 context (one prefill; its speed is what issue 6 asks about)
   # (--fill zeros: past 512 tokens the KV cache is zeroed, not prefilled; a
   # 131k prefill with the CUDA-core prefill attention would take minutes)
+  # (LILY_HEAD_SCREEN=0 in the caller's environment: the full bf16 lm_head)
   timeout 560 "$lily" bench --device cuda --synthetic full --prompt-len 64 --context 4096,32768,131072 --fill zeros --gen 128 --runs 3 \
     > "$out/bench-long.txt" 2> "$out/bench-long.log" && note "$(cat "$out/bench-long.txt")" || note "bench long FAILED: $(tail -3 "$out/bench-long.log")"
   ;;

@@ -267,6 +267,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         "runs": a.runs,
         "load_s": load_s,
         "copy_bandwidth_gb_s": bandwidth.map(|b| b / 1e9),
+        "greedy_head": head_path(&b),
         "prefill": prefill_rows,
         "decode": decode_rows,
     });
@@ -295,6 +296,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "decode floor: the bytes a step must move over the copy bandwidth, {:.0} GB/s",
             bw / 1e9
         );
+        println!("greedy lm_head: {}", head_path(&b));
     }
     if a.fill == Fill::Zeros {
         println!("decode contexts past 512 tokens: KV cache zeroed, not prefilled (--fill zeros)");
@@ -366,4 +368,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Which lm_head a greedy CUDA decode step runs (its bytes are the floor's).
+fn head_path(b: &Backend) -> &'static str {
+    match b {
+        Backend::Cuda(m) if m.head_screened() => {
+            "screened through an int8 copy, the candidate rows exact in bf16 (the full product's argmax; LILY_HEAD_SCREEN=0: the full bf16 product)"
+        }
+        Backend::Cuda(_) => "the full bf16 product",
+        _ => "the full product",
+    }
 }

@@ -225,6 +225,8 @@ __device__ __forceinline__ void trace_waited() {}
 #define TK_GEMV 11
 #define TK_ARGMAX_BLOCKS 12
 #define TK_ARGMAX_FINISH 13
+#define TK_HEAD_SCREEN 14
+#define TK_HEAD_PICK 15
 
 // Programmatic dependent launch (sm_90). gpu.rs launches every kernel whose
 // body calls pdl_wait() with programmatic stream serialization, so its blocks

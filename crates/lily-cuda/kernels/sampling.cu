@@ -343,10 +343,12 @@ extern "C" __global__ void argmax_blocks_kernel(const float* __restrict__ logits
 // for the device), to host[p & 1] for the step at position p, where the host
 // reads it while the next step already runs; the position advances by one (at
 // most to max_pos, so a replayed graph never writes past the KV cache) and
-// *best is cleared for the next step. On the device, so consecutive steps need
-// nothing from the host.
+// *best is cleared for the next step, and *clear (nullable: the screened
+// lm_head's threshold, lm_head.cu) too. On the device, so consecutive steps
+// need nothing from the host.
 extern "C" __global__ void argmax_finish_kernel(u64* __restrict__ best, int* __restrict__ next,
-                                                int* __restrict__ pos, int max_pos, volatile int* host) {
+                                                int* __restrict__ pos, int max_pos, volatile int* host,
+                                                unsigned* __restrict__ clear) {
     TRACE(TK_ARGMAX_FINISH);
     pdl_wait();
     pdl_trigger();
@@ -354,6 +356,7 @@ extern "C" __global__ void argmax_finish_kernel(u64* __restrict__ best, int* __r
     const int id = argmax_id(__ldcg(best));
     next[0] = id;
     *best = 0ull;
+    if (clear) *clear = 0u;
     const int p = __ldcg(pos);
     if (host) host[p & 1] = id;
     if (p < max_pos) *pos = p + 1;

@@ -17,6 +17,7 @@ pub const KERNEL_FILES: &[(&str, &str)] = &[
     ("embed", include_str!("../kernels/embed.cu")),
     ("norm", include_str!("../kernels/norm.cu")),
     ("gemv", include_str!("../kernels/gemv.cu")),
+    ("lm_head", include_str!("../kernels/lm_head.cu")),
     ("attention", include_str!("../kernels/attention.cu")),
     ("gdn", include_str!("../kernels/gdn.cu")),
     ("gdn_chunked", include_str!("../kernels/gdn_chunked.cu")),
@@ -642,6 +643,8 @@ mod tests {
             "moe_down_norm_kernel",
             "argmax_blocks_kernel",
             "argmax_finish_kernel",
+            "head_screen_kernel",
+            "head_pick_kernel",
         ];
         want.sort();
         assert_eq!(all, want);

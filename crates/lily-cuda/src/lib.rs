@@ -5,6 +5,7 @@
 pub mod attention;
 pub mod gdn;
 pub mod gpu;
+pub mod lm_head;
 pub mod model;
 pub mod profile;
 pub mod sampling;

@@ -179,7 +179,8 @@ pub fn greedy_lm_head(
 /// After `greedy_lm_head` (`argmax_finish_kernel`): the chosen id into
 /// `next[0]` and, when `host` is non-zero (mapped host memory, two i32), into
 /// `host[p & 1]` for the step at position p = `pos[0]`; the position advanced
-/// to at most `max_pos`; `best` cleared.
+/// to at most `max_pos`; `best` cleared, and the u32 at `clear` when non-zero
+/// (the screened lm_head's threshold).
 pub fn greedy_finish(
     gpu: &Gpu,
     best: u64,
@@ -187,6 +188,7 @@ pub fn greedy_finish(
     pos: u64,
     max_pos: usize,
     host: u64,
+    clear: u64,
 ) -> Result<()> {
     gpu.launch(
         "argmax_finish_kernel",
@@ -199,6 +201,7 @@ pub fn greedy_finish(
             Arg::Ptr(pos),
             Arg::I32(max_pos.min(i32::MAX as usize) as i32),
             Arg::Ptr(host),
+            Arg::Ptr(clear),
         ],
     )
 }

@@ -31,7 +31,7 @@ use crate::gpu::{DevBuf, Gpu};
 const RING: usize = 1 << 20;
 
 /// The traced kernels by id (common.cuh TK_*).
-pub const TRACE_KERNELS: [&str; 14] = [
+pub const TRACE_KERNELS: [&str; 16] = [
     "?",
     "embed",
     "gemv3 (in proj)",
@@ -46,6 +46,8 @@ pub const TRACE_KERNELS: [&str; 14] = [
     "lm_head",
     "argmax blocks",
     "argmax finish",
+    "lm_head screen",
+    "lm_head pick",
 ];
 const TK_EMBED: u32 = 1;
 

@@ -277,6 +277,24 @@ fn greedy_pipeline_matches_single_steps() {
         want.windows(2).any(|p| p[0] != p[1]),
         "a constant sequence tests little: {want:?}"
     );
+    // greedy steps pick through the screened lm_head (its int8 copy) unless
+    // LILY_HEAD_SCREEN=0: the same ids as the full product's logits' argmax
+    if std::env::var("LILY_HEAD_SCREEN").as_deref() != Ok("0") {
+        assert!(
+            m.head_screened(),
+            "full4 should hold the lm_head's int8 copy"
+        );
+    }
+    let mut e = m.new_state().unwrap();
+    assert_eq!(m.prefill_greedy(&mut e, &prompt).unwrap(), want[0]);
+    for (i, &t) in want[..steps].iter().enumerate() {
+        let logits = m.forward(&mut e, &[t], false).unwrap();
+        assert_eq!(
+            lily_engine_argmax(&logits) as u32,
+            want[i + 1],
+            "step {i}: the greedy step against the full logits' argmax"
+        );
+    }
     // the pipeline over the whole run
     let mut c = m.new_state().unwrap();
     assert_eq!(m.prefill_greedy(&mut c, &prompt).unwrap(), want[0]);

@@ -73,10 +73,17 @@ impl CudaModel {
     /// weights it reads (the 8 routed experts and the shared one of each MoE
     /// layer, not all 256), the KV cache it scans, the recurrent state it
     /// reads and writes. Over the device bandwidth it is the step's floor.
+    /// A greedy step with the screened lm_head (`head_screened`) reads its
+    /// int8 copy instead of the bf16 head (the few rows it then computes
+    /// exactly are not counted).
     pub fn decode_step_bytes(&self, context: usize) -> u64 {
         let cfg = &self.cfg;
         let d = cfg.hidden_size as u64;
-        let mut b = (self.w.lm_head.bytes as u64) + d * 6;
+        let head = match &self.screen {
+            Some(hs) => hs.step_bytes(),
+            None => self.w.lm_head.bytes as u64,
+        };
+        let mut b = head + d * 6;
         for lw in &self.w.layers {
             b += lw.router.bytes as u64 + moe_expert_bytes(cfg) + 2 * (d * 4 * 3 + d * 2);
             b += match &lw.mixer {

@@ -515,12 +515,28 @@ impl CudaModel {
     /// state in `s.h`): logits into `s.logits`, and the greedy choice among ids
     /// below `s.valid` into `s.next` with `s.pos` advanced when `advance`
     /// (so the next step can be launched without the host touching either;
-    /// a profiled step stays where it is).
-    pub(super) fn lm_head_decode(&self, advance: bool) -> Result<()> {
+    /// a profiled step stays where it is). With `screen` (the model holds the
+    /// int8 copy), only the greedy choice, through the screen
+    /// (kernels/lm_head.cu): `s.logits` is not written.
+    pub(super) fn lm_head_decode(&self, advance: bool, screen: bool) -> Result<()> {
         let (d, v) = (self.cfg.hidden_size, self.cfg.vocab_size);
         let s = &self.s;
         debug_assert_eq!(self.w.lm_head.bytes, v * d * 2);
         let g = &self.gpu;
+        let max_pos = if advance { self.opts.max_seq - 1 } else { 0 };
+        if let (true, Some(hs)) = (screen, self.screen.as_ref()) {
+            hs.launch(g, self.w.lm_head.ptr, s.h.ptr, s.valid.ptr, s.best.ptr)?;
+            greedy_finish(
+                g,
+                s.best.ptr,
+                s.next.ptr,
+                s.pos.ptr,
+                max_pos,
+                s.host_next.dev,
+                hs.threshold(),
+            )?;
+            return self.mark("lm_head", hs.step_bytes());
+        }
         greedy_lm_head(
             g,
             self.w.lm_head.ptr,
@@ -531,7 +547,6 @@ impl CudaModel {
             s.valid.ptr,
             s.best.ptr,
         )?;
-        let max_pos = if advance { self.opts.max_seq - 1 } else { 0 };
         greedy_finish(
             g,
             s.best.ptr,
@@ -539,6 +554,7 @@ impl CudaModel {
             s.pos.ptr,
             max_pos,
             s.host_next.dev,
+            0,
         )?;
         self.mark("lm_head", (self.w.lm_head.bytes + v * 4) as u64)
     }

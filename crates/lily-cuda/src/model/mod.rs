@@ -19,6 +19,7 @@ use lily_model::{Config, LayerKind, Weights};
 
 use self::bytes::gib;
 use crate::gpu::{DevBuf, Gpu};
+use crate::lm_head::{HeadScreen, SCREEN_HIDDEN};
 use crate::sampling::{sample_into, GpuSampleParams};
 use crate::weights::{upload, weight_bytes, DevWeights};
 
@@ -42,6 +43,12 @@ pub struct CudaOptions {
     /// (`LILY_GDN_SIGNAL=1` turns it on): same output, and measured no faster
     /// (H100, 16th session: 0.1-0.25% slower in four same-call pairs)
     pub gdn_signal: bool,
+    /// Greedy decode steps pick their token through an int8 copy of the
+    /// lm_head (kernels/lm_head.cu): the same id as the full product's
+    /// argmax, from half of its bytes; steps that need the logits take
+    /// the full product. `LILY_HEAD_SCREEN=0` turns it off (the copy costs
+    /// vocab x hidden bytes of GPU memory)
+    pub head_screen: bool,
 }
 
 impl Default for CudaOptions {
@@ -58,6 +65,9 @@ impl Default for CudaOptions {
             gdn_signal: std::env::var("LILY_GDN_SIGNAL")
                 .map(|v| v != "0")
                 .unwrap_or(false),
+            head_screen: std::env::var("LILY_HEAD_SCREEN")
+                .map(|v| v != "0")
+                .unwrap_or(true),
         }
     }
 }
@@ -69,8 +79,10 @@ pub struct CudaState {
     /// per layer: (k cache, v cache) [max_seq, Hkv, Dh] bf16, or (conv [C, W-1] f32, S [Hv, Dk, Dv] f32)
     layers: Vec<(DevBuf, DevBuf)>,
     /// The decode step (layers + lm_head into the logits buffer) captured on
-    /// this state's buffers at its first decode, replayed after.
+    /// this state's buffers at its first decode, replayed after; and the
+    /// greedy-only step (the screened lm_head, no logits), likewise.
     graph: Option<StepGraph>,
+    graph_greedy: Option<StepGraph>,
     /// Which state this is (`CudaModel::next_owner`), and the token it chose
     /// last (the one `decode_greedy` feeds).
     id: u64,
@@ -182,6 +194,8 @@ pub struct CudaModel {
     /// Whether the current layer's first decode launch (which clears its
     /// flags) was recorded, i.e. not dropped by an ablation capture.
     flags_cleared: std::sync::atomic::AtomicBool,
+    /// The screened greedy lm_head's buffers (`CudaOptions::head_screen`)
+    screen: Option<HeadScreen>,
 }
 
 /// The decode attention's split count: `attention_decode_splits`' rule, or
@@ -239,7 +253,22 @@ pub fn memory_estimate(cfg: &Config, opts: &CudaOptions) -> (usize, usize, usize
         + crate::gdn::gdn_chunked_scratch_bytes(t, hv, dv)
         + crate::attention::attention_decode_scratch_bytes(hq, dh, decode_splits(opts.max_seq))
         + grouped_bytes(cfg, t);
-    (weight_bytes(cfg), state, act)
+    (weight_bytes(cfg) + head_screen_bytes(cfg, opts), state, act)
+}
+
+/// The screened greedy lm_head's int8 copy, per-row scale and bound, and its
+/// scratch (hi [V] f32, the threshold); 0 when off or not applicable.
+fn head_screen_bytes(cfg: &Config, opts: &CudaOptions) -> usize {
+    if head_screen_applies(cfg, opts) {
+        HeadScreen::bytes_for(cfg.vocab_size)
+    } else {
+        0
+    }
+}
+
+/// The screen kernels are written for the released hidden size.
+fn head_screen_applies(cfg: &Config, opts: &CudaOptions) -> bool {
+    opts.head_screen && cfg.hidden_size == SCREEN_HIDDEN
 }
 
 impl CudaModel {
@@ -270,14 +299,15 @@ impl CudaModel {
         // keep 512 MiB for cuBLAS workspaces and the driver
         if wb + sb + ab + (512 << 20) > free {
             bail!(
-                "not enough GPU memory: the model needs {:.1} GiB (weights {:.1} + state {:.2} for --max-seq {} + activations {:.2}) but {:.1} GiB are free on {}; lower --max-seq or free the GPU",
+                "not enough GPU memory: the model needs {:.1} GiB (weights {:.1} + state {:.2} for --max-seq {} + activations {:.2}) but {:.1} GiB are free on {}; lower --max-seq, set LILY_HEAD_SCREEN=0 (the greedy lm_head's int8 copy, {:.2} GiB) or free the GPU",
                 gib(wb + sb + ab),
                 gib(wb),
                 gib(sb),
                 opts.max_seq,
                 gib(ab),
                 gib(free),
-                gpu.name
+                gpu.name,
+                gib(head_screen_bytes(&cfg, &opts))
             );
         }
         let t0 = std::time::Instant::now();
@@ -291,6 +321,11 @@ impl CudaModel {
         };
         let dw = upload(&gpu, &cfg, w, &progress)?;
         let s = Self::scratch(&gpu, &cfg, &opts)?;
+        let screen = if head_screen_applies(&cfg, &opts) {
+            Some(HeadScreen::build(&gpu, dw.lm_head.ptr, cfg.vocab_size)?)
+        } else {
+            None
+        };
         let att_splits = decode_splits(opts.max_seq);
         Ok(CudaModel {
             gpu,
@@ -307,7 +342,14 @@ impl CudaModel {
             next_owner: AtomicU64::new(0),
             state_ids: AtomicU64::new(1),
             flags_cleared: Default::default(),
+            screen,
         })
+    }
+
+    /// Whether greedy decode steps pick through the screened lm_head
+    /// (`CudaOptions::head_screen`, kernels/lm_head.cu).
+    pub fn head_screened(&self) -> bool {
+        self.screen.is_some()
     }
 
     fn scratch(gpu: &Gpu, cfg: &Config, o: &CudaOptions) -> Result<Scratch> {
@@ -419,6 +461,7 @@ impl CudaModel {
             pos: 0,
             layers,
             graph: None,
+            graph_greedy: None,
             id: self.state_ids.fetch_add(1, Ordering::Relaxed),
             last: None,
         })
@@ -492,7 +535,7 @@ impl CudaModel {
         if tokens.len() == 1 {
             self.check(st, tokens)?;
             self.gpu.upload(self.s.next.ptr, &[tokens[0] as i32])?;
-            self.decode_step(st, v)?;
+            self.decode_step(st, v, false)?;
             // the caller chooses from the logits: no greedy choice to feed
             st.last = None;
             self.next_owner.store(0, Ordering::Relaxed);
@@ -536,7 +579,7 @@ impl CudaModel {
     /// layer and the lm_head, logits into `s.logits`, the greedy choice among
     /// ids below `valid` into `s.next` and `s.pos` advanced, all on the device.
     /// Replays the state's captured graph (capturing it the first time).
-    fn decode_step(&self, st: &mut CudaState, valid: usize) -> Result<()> {
+    fn decode_step(&self, st: &mut CudaState, valid: usize, greedy_only: bool) -> Result<()> {
         if st.pos + 1 > self.opts.max_seq {
             bail!("sequence exceeds --max-seq {}", self.opts.max_seq);
         }
@@ -546,14 +589,26 @@ impl CudaModel {
             self.gpu.upload(s.valid.ptr, &[valid as i32])?;
             self.dev_valid.store(valid as i64, Ordering::Relaxed);
         }
+        let screen = greedy_only && self.screen.is_some();
         if !self.opts.graphs {
             self.layers(st, 1, s.next.ptr)?;
-            self.lm_head_decode(true)?;
+            self.lm_head_decode(true, screen)?;
         } else {
-            if st.graph.is_none() {
-                st.graph = Some(StepGraph(self.capture_step(st, true)?));
+            let has = if screen {
+                st.graph_greedy.is_some()
+            } else {
+                st.graph.is_some()
+            };
+            if !has {
+                let g = Some(StepGraph(self.capture_step(st, true, screen)?));
+                if screen {
+                    st.graph_greedy = g;
+                } else {
+                    st.graph = g;
+                }
             }
-            let g = st.graph.as_ref().unwrap();
+            let g = if screen { &st.graph_greedy } else { &st.graph };
+            let g = g.as_ref().unwrap();
             g.0.launch()
                 .map_err(|e| anyhow::anyhow!("launching the decode graph: {e:?}"))?;
         }
@@ -565,11 +620,12 @@ impl CudaModel {
         Ok(())
     }
 
-    /// Record one decode step into a graph (`advance`: see `lm_head_decode`).
+    /// Record one decode step into a graph (`advance`, `screen`: see `lm_head_decode`).
     pub(super) fn capture_step(
         &self,
         st: &mut CudaState,
         advance: bool,
+        screen: bool,
     ) -> Result<cudarc::driver::CudaGraph> {
         use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
         let stream = &self.gpu.stream;
@@ -580,7 +636,7 @@ impl CudaModel {
             .prof
             .mark_start(stream)
             .and_then(|_| self.layers(st, 1, self.s.next.ptr))
-            .and_then(|_| self.lm_head_decode(advance));
+            .and_then(|_| self.lm_head_decode(advance, screen));
         // end the capture even when recording failed, or the stream stays capturing
         let graph = stream.end_capture(CUgraphInstantiate_flags(0));
         recorded.context("recording the decode step")?;
@@ -611,7 +667,7 @@ impl CudaModel {
     /// that id to the host.
     pub fn decode_greedy(&self, st: &mut CudaState) -> Result<u32> {
         self.feed_last(st)?;
-        self.decode_step(st, self.cfg.vocab_size)?;
+        self.decode_step(st, self.cfg.vocab_size, true)?;
         let id = self.gpu.download::<i32>(self.s.next.ptr, 1)?[0] as u32;
         st.last = Some(id);
         Ok(id)
@@ -667,14 +723,14 @@ impl CudaModel {
         };
         // q: the position of the oldest step in flight (its choice is in slot q & 1)
         let mut q = st.pos;
-        self.decode_step(st, v)?;
+        self.decode_step(st, v, true)?;
         record(0)?;
         st.last = None;
         let mut seen = 0;
         loop {
             let ahead = seen + 1 < n && st.pos < self.opts.max_seq;
             if ahead {
-                self.decode_step(st, v)?;
+                self.decode_step(st, v, true)?;
                 record(seen + 1)?;
             }
             wait(seen)?;
@@ -748,7 +804,8 @@ impl CudaModel {
         }
         self.gpu.upload(self.s.next.ptr, &[token as i32])?;
         let valid = valid.min(self.cfg.vocab_size);
-        self.decode_step(st, valid)?;
+        // a greedy choice needs no logits: the screened step
+        self.decode_step(st, valid, p.is_greedy())?;
         // the step's own greedy choice (over the same ids), or a draw, both
         // left in s.next
         let id = if p.is_greedy() {

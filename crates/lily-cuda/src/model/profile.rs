@@ -29,7 +29,7 @@ impl CudaModel {
                 .prof
                 .mark_start(&self.gpu.stream)
                 .and_then(|_| self.layers(st, 1, self.s.next.ptr))
-                .and_then(|_| self.lm_head_decode(false));
+                .and_then(|_| self.lm_head_decode(false, self.screen.is_some()));
             let marks = self.prof.take().context("profile marks")?;
             r?;
             self.gpu.sync()?;
@@ -68,7 +68,7 @@ impl CudaModel {
         self.gpu.set_skip(true);
         let r = self
             .layers(st, 1, self.s.next.ptr)
-            .and_then(|_| self.lm_head_decode(false));
+            .and_then(|_| self.lm_head_decode(false, self.screen.is_some()));
         self.gpu.set_skip(false);
         let order = self
             .ablate
@@ -90,7 +90,7 @@ impl CudaModel {
                 self.gpu.set_skip(a.skip_first());
                 *self.ablate.lock().unwrap() = Some(a);
             }
-            let graph = self.capture_step(st, false);
+            let graph = self.capture_step(st, false, self.screen.is_some());
             *self.ablate.lock().unwrap() = None;
             self.gpu.set_skip(false);
             crate::profile::time_graph(&self.gpu.stream, &graph?, reps)
