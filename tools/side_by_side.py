@@ -5,7 +5,10 @@ import json
 import sys
 
 lily = json.load(open(sys.argv[1]))
-hf = json.load(open(sys.argv[2])) if len(sys.argv) > 2 else {"prefill": [], "decode": []}
+import os
+
+# (the peer's file may be missing when its run failed: Lily's rows alone then)
+hf = json.load(open(sys.argv[2])) if len(sys.argv) > 2 and os.path.exists(sys.argv[2]) else {"prefill": [], "decode": []}
 print(f"Lily: {lily['device']}, {lily['model']}; peer: {hf.get('engine', '?')} (torch {hf.get('torch', '?')})")
 print(f"{'':8} {'size':>8} {'Lily tok/s':>12} {'HF tok/s':>10} {'Lily/HF':>8} {'Lily % floor':>13}")
 for kind, key, val in (("prefill", "prompt_len", "prefill_tok_s"), ("decode", "context", "decode_tok_s")):
