@@ -2,11 +2,10 @@
 """One table from `lily bench --json` and tools/hf_bench.py outputs of the same
 run: each size, both engines, and Lily's speed-up."""
 import json
+import os
 import sys
 
 lily = json.load(open(sys.argv[1]))
-import os
-
 # (the peer's file may be missing when its run failed: Lily's rows alone then)
 hf = json.load(open(sys.argv[2])) if len(sys.argv) > 2 and os.path.exists(sys.argv[2]) else {"prefill": [], "decode": []}
 print(f"Lily: {lily['device']}, {lily['model']}; peer: {hf.get('engine', '?')} (torch {hf.get('torch', '?')})")
