@@ -535,7 +535,8 @@ impl CudaModel {
                 s.host_next.dev,
                 hs.threshold(),
             )?;
-            return self.mark("lm_head", hs.step_bytes());
+            // (its own name in the profile's table: its bytes are the int8 copy's)
+            return self.mark("lm_head screen", hs.step_bytes());
         }
         greedy_lm_head(
             g,
