@@ -135,29 +135,32 @@ final)
   # issue 6 in one call: the engine's GPU test, the decode profile at 4k (the
   # roofline table), Lily and transformers side by side, decode at 4k / 32k /
   # 131k, each with the screened greedy lm_head (default) and the full one
-  note "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt")"
+  # (the device returns at most 8 files: results go to $out, logs to /tmp/final)
+  mkdir -p /tmp/final
+  note "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader)"
   for t in "$carry"/test-generate_gpu; do
-    timeout 200 "$t" --test-threads 1 > "$out/$(basename "$t").log" 2>&1 \
-      && note "$(basename "$t"): $(grep -E '^test result' "$out/$(basename "$t").log" | tail -1)" \
-      || note "$(basename "$t"): FAILED: $(grep -E -A2 'panicked' "$out/$(basename "$t").log" | head -4 | tr '\n' ' ')"
+    timeout 200 "$t" --test-threads 1 > "/tmp/final/$(basename "$t").log" 2>&1 \
+      && note "$(basename "$t"): $(grep -E '^test result' "/tmp/final/$(basename "$t").log" | tail -1)" \
+      || note "$(basename "$t"): FAILED: $(grep -E -A2 'panicked' "/tmp/final/$(basename "$t").log" | head -4 | tr '\n' ' ')"
   done
   timeout 120 "$lily" bench --device cuda --synthetic full --prompt-len 64 --context 4096 --gen 64 --runs 2 --profile \
-    > "$out/bench-profile.txt" 2> "$out/bench-profile.log" && note "$(cat "$out/bench-profile.txt")" || note "profile FAILED: $(tail -3 "$out/bench-profile.log")"
+    > "$out/bench-profile.txt" 2> "/tmp/final/bench-profile.log" && note "$(cat "$out/bench-profile.txt")" || note "profile FAILED: $(tail -3 "/tmp/final/bench-profile.log")"
   timeout 200 "$lily" bench --device cuda --synthetic full --prompt-len 512,4096 --context 512,4096,32768 --gen 128 --runs 3 --json \
-    > "$out/side-lily.json" 2> "$out/side-lily.log" || note "lily bench FAILED: $(tail -3 "$out/side-lily.log")"
+    > "$out/side-lily.json" 2> "/tmp/final/side-lily.log" || note "lily bench FAILED: $(tail -3 "/tmp/final/side-lily.log")"
   (cd tools && PYTHONUNBUFFERED=1 timeout 240 python3 hf_bench.py --synthetic full --lily "$lily" --prompt-len 512,4096 \
-    --context 512,4096 --gen 16 --runs 1 --out "$out/side-hf.json" > "$out/side-hf.log" 2>&1) || note "hf bench FAILED: $(tail -3 "$out/side-hf.log")"
+    --context 512,4096 --gen 16 --runs 1 --out "$out/side-hf.json" > "/tmp/final/side-hf.log" 2>&1) || note "hf bench FAILED: $(tail -3 "/tmp/final/side-hf.log")"
   note "$(python3 tools/side_by_side.py "$out/side-lily.json" "$out/side-hf.json" 2>&1)"
   # the same decode with the full bf16 lm_head in greedy steps (the default
   # screens it through its int8 copy: same ids), so both figures are on record
   LILY_HEAD_SCREEN=0 timeout 150 "$lily" bench --device cuda --synthetic full --prompt-len 512 --context 512,4096,32768 --gen 128 --runs 3 \
-    > "$out/side-lily-full-head.txt" 2> "$out/side-lily-full-head.log" \
-    && note "LILY_HEAD_SCREEN=0: $(decode_rows "$out/side-lily-full-head.txt")" || note "lily bench (full head) FAILED: $(tail -3 "$out/side-lily-full-head.log")"
+    > "$out/side-lily-full-head.txt" 2> "/tmp/final/side-lily-full-head.log" \
+    && note "LILY_HEAD_SCREEN=0: $(decode_rows "$out/side-lily-full-head.txt")" || note "lily bench (full head) FAILED: $(tail -3 "/tmp/final/side-lily-full-head.log")"
   # 131,072 (--fill zeros: past 512 tokens the KV cache is zeroed, not
   # prefilled), with 4k and 32k reached the same way for the ratios
+  # (bench-long-1.txt: screened head, bench-long-0.txt: full head)
   for e in LILY_HEAD_SCREEN=1 LILY_HEAD_SCREEN=0; do
     env $e timeout 150 "$lily" bench --device cuda --synthetic full --prompt-len 64 --context 4096,32768,131072 --fill zeros --gen 128 --runs 3 \
-      > "$out/bench-long-$e.txt" 2>&1 && note "$e --fill zeros: $(decode_rows "$out/bench-long-$e.txt")" || note "bench long $e FAILED: $(tail -2 "$out/bench-long-$e.txt")"
+      > "$out/bench-long-${e#*=}.txt" 2>&1 && note "$e --fill zeros: $(decode_rows "$out/bench-long-${e#*=}.txt")" || note "bench long $e FAILED: $(tail -2 "$out/bench-long-${e#*=}.txt")"
   done
   ;;
 recheck)
