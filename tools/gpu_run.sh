@@ -7,6 +7,7 @@
 #   tools/gpu_run.sh peer            -> transformers' own prefill/decode speed on the same weights
 #   tools/gpu_run.sh ncu             -> each decode kernel of one layer cycle alone under Nsight Compute
 #   tools/gpu_run.sh trace           -> one decode step's timeline (LILY_TRACE build of the kernels)
+#   tools/gpu_run.sh phases          -> that timeline once per phase mark (TRACE_MARK): phases inside kernels
 # Logs and JSON go to $OUT (or ./gpu-out); a short table is printed last.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -285,6 +286,18 @@ trace)
       > "$out/bench-trace.txt" 2> "$out/bench-trace.log" \
     && note "$(python3 tools/trace_step.py "$out"/trace/trace-*.csv 2>&1)" \
     || note "trace FAILED: $(tail -3 "$out/bench-trace.log")"
+  ;;
+phases)
+  # the trace once per phase mark (LILY_MARKS, default every mark in the
+  # kernels: gdn.cu 1-6, moe.cu router 11, gate/up 21-22), at 4,096: where a
+  # kernel's time after its wait goes (tools/trace_step.py "phase mark")
+  for m in ${LILY_MARKS:-1 2 3 4 5 6 11 21 22}; do
+    rm -rf /tmp/phase-trace
+    LILY_KERNEL_DEFINES="LILY_TRACE=1,LILY_TRACE_MARK=$m${LILY_KERNEL_DEFINES:+,$LILY_KERNEL_DEFINES}" timeout 120 "$lily" bench --device cuda \
+        --synthetic full --prompt-len 64 --context 4096 --gen 64 --runs 2 --trace /tmp/phase-trace > "/tmp/phase-$m.txt" 2>&1 \
+      && note "mark $m: $(python3 tools/trace_step.py /tmp/phase-trace/trace-4096.csv | awk '/^phase mark/{f=1; next} f && !/^kernel/' | tr '\n' ' ')" \
+      || note "mark $m FAILED: $(tail -2 "/tmp/phase-$m.txt")"
+  done
   ;;
 ncu)
   # Each decode kernel of one layer cycle (3 GDN layers and an attention

@@ -19,6 +19,11 @@ LILY_GDN_SIGNAL=1 the GDN output projection is released by the core's count
 before the core exits, so its release can read negative.)
 Then one attention layer and one GDN layer launch by launch (first and last
 block start, first release, first and last exit).
+With a phase mark (LILY_KERNEL_DEFINES=LILY_TRACE=1,LILY_TRACE_MARK=n: the
+kernel's TRACE_MARK(n), e.g. gdn.cu 1-6, moe.cu 11 and 21-22), per marked
+kernel the first and last block's pass of it, from the launch's first release
+(mean over its launches): comparing runs with successive marks splits the
+time after the wait into phases.
 
 usage: trace_step.py trace-4096.csv [more.csv ...]
 """
@@ -31,8 +36,9 @@ def load(path):
     rows = []
     with open(path) as f:
         for r in csv.DictReader(f):
-            for k in ("first_start", "last_start", "first_wait", "last_wait", "first_exit", "last_exit"):
-                r[k] = float(r[k]) if r[k] != "" else None
+            for k in ("first_start", "last_start", "first_wait", "last_wait", "first_exit", "last_exit",
+                      "first_mark", "last_mark"):
+                r[k] = float(r[k]) if r.get(k) not in (None, "") else None
             r["blocks"] = int(r["blocks"])
             rows.append(r)
     return rows
@@ -70,6 +76,29 @@ def main():
                   f"{s['release'] / n:>14.2f} {s['after'] / n:>12.2f} {s['early'] / n:>12.2f}")
         for name, core in (("attention", "attn partial"), ("GDN", "gdn core")):
             window(rows, name, core)
+        marks(rows)
+
+
+def marks(rows):
+    """The phase mark's first and last pass per kernel, from the launch's
+    first release, and its first and last exit likewise (means)."""
+    per = OrderedDict()
+    for r in rows:
+        if r["first_mark"] is None:
+            continue
+        rel = r["first_wait"] if r["first_wait"] is not None else r["first_start"]
+        s = per.setdefault((r["kernel"], r["blocks"]), [0, 0.0, 0.0, 0.0, 0.0])
+        s[0] += 1
+        for i, k in enumerate(("first_mark", "last_mark", "first_exit", "last_exit")):
+            s[i + 1] += r[k] - rel
+    if not per:
+        return
+    print("phase mark (us from the launch's first release; mean over launches):")
+    print(f"{'kernel':<16} {'blocks':>7} {'launches':>8} {'first mark':>10} {'last mark':>9} "
+          f"{'first exit':>10} {'last exit':>9}")
+    for (k, b), s in per.items():
+        n = s[0]
+        print(f"{k:<16} {b:>7} {n:>8} {s[1] / n:>10.2f} {s[2] / n:>9.2f} {s[3] / n:>10.2f} {s[4] / n:>9.2f}")
 
 
 def window(rows, name, core):

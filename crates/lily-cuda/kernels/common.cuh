@@ -162,15 +162,23 @@ __device__ __forceinline__ bool last_block_add_norm(float* __restrict__ x, const
 // issued at the start and its result first used at the exit (the empty asm
 // keeps the compiler from moving that use up), so no block waits on it; the
 // record is written by plain stores at the exit.
+//
+// A kernel may also mark one point inside its blocks (TRACE_MARK(n), kept
+// where LILY_TRACE_MARK=n is defined with LILY_TRACE): thread 0 records the
+// time it passes it (t3; 0 where no mark), which splits a block's time after
+// its wait into phases, one phase boundary a traced run.
+#ifndef LILY_TRACE_MARK
+#define LILY_TRACE_MARK 0
+#endif
 #if defined(LILY_TRACE) && LILY_TRACE
 struct TraceRec {
-    u64 t0, t1, t2;
+    u64 t0, t1, t2, t3;
     unsigned kid, block;
 };
 __constant__ unsigned* lily_trace_ticket;
 __constant__ TraceRec* lily_trace_ring;
 __constant__ unsigned lily_trace_mask;  // ring length - 1 (a power of two)
-__shared__ u64 lily_trace_waited;
+__shared__ u64 lily_trace_waited, lily_trace_marked;
 __device__ __forceinline__ u64 trace_now() {
     u64 t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -187,6 +195,7 @@ struct TraceScope {
         if (trace_thread()) {
             t0 = trace_now();
             lily_trace_waited = 0;
+            lily_trace_marked = 0;
             slot = atomicAdd(lily_trace_ticket, 1u);
         }
         asm volatile("" : "+r"(slot));
@@ -197,6 +206,7 @@ struct TraceScope {
             r.t0 = t0;
             r.t1 = lily_trace_waited;
             r.t2 = trace_now();
+            r.t3 = lily_trace_marked;
             r.kid = kid;
             r.block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
             lily_trace_ring[slot & lily_trace_mask] = r;
@@ -207,9 +217,16 @@ struct TraceScope {
 __device__ __forceinline__ void trace_waited() {
     if (trace_thread() && lily_trace_waited == 0) lily_trace_waited = trace_now();
 }
+#define TRACE_MARK(n)                                                       \
+    do {                                                                    \
+        if ((n) == LILY_TRACE_MARK && trace_thread()) lily_trace_marked = trace_now(); \
+    } while (0)
 #else
 #define TRACE(id)
 __device__ __forceinline__ void trace_waited() {}
+#define TRACE_MARK(n) \
+    do {              \
+    } while (0)
 #endif
 // the traced kernels' ids (crates/lily-cuda/src/trace.rs TRACE_KERNELS names them)
 #define TK_EMBED 1

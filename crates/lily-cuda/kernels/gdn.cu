@@ -266,6 +266,7 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
     qk_s[tid] = conv4_silu(wqk, hqk, xqk);
     if (warp == 0) v_s[lane] = conv4_silu(wv, hv, xv);
     __syncthreads();
+    TRACE_MARK(1);  // (phase marks of the trace diagnostic, common.cuh)
 #if LILY_GDN_DIAG == 7
     if (warp == 0) out[(long)j * GDN_DEC_DV + col0 + lane] = f2bf(qk_s[lane] + v_s[lane] + s[0].x + s[1].y + s[2].z + s[3].w);
     return;
@@ -339,6 +340,7 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
         red_q[warp][cg] = pq;
     }
     __syncthreads();
+    TRACE_MARK(2);
     float4 u = red_u[0][cg];
 #pragma unroll
     for (int w8 = 1; w8 < 8; w8++) {
@@ -370,6 +372,7 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
 #endif
             if (!late) __stcg(reinterpret_cast<float4*>(Sj + (long)(32 * i + 4 * warp + rs) * GDN_DEC_DV), s[i]);
     }
+    TRACE_MARK(3);
 #if LILY_GDN_DIAG == 8
     return;
 #endif
@@ -378,6 +381,7 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
     //    (Its delta is the same sum in the same order as the stored state's.)
     //    Every thread waits on the barrier it arrived at on entry (long met).
     cluster_wait_();
+    TRACE_MARK(4);
     float o = 0.f;
     if (warp == 0) {
         const float* ru = reinterpret_cast<const float*>(&red_u[0][0]);
@@ -399,12 +403,14 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
     }
     // The head's sum of squares over its 4 blocks, then the gated norm.
     cluster_sync_();
+    TRACE_MARK(5);
     if (warp == 0) {
         float ss = 0.f;
 #pragma unroll
         for (unsigned r = 0; r < GDN_DEC_HEAD_BLOCKS; r++) ss += parts[r];
         float inv = rsqrtf(ss / GDN_DEC_DV + eps);
         out[(long)j * GDN_DEC_DV + col0 + lane] = f2bf(wc * (o * inv) * zc);
+        TRACE_MARK(6);
         // Count the block's output as written (`done`, nullable): the output
         // projection starts on it (input_wait) while the state stores drain.
         __syncwarp();

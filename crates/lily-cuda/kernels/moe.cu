@@ -145,6 +145,7 @@ extern "C" __global__ void router_decode_kernel(const bf16* __restrict__ W, cons
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     bool ok = row <= E;
     float acc = decode_dot_k<8>(W + (long)(ok ? row : 0) * D, DecodeIn{x, xf, w1p, eps}, D, ok);
+    TRACE_MARK(11);  // (phase marks of the trace diagnostic, common.cuh)
     if (ok && lane == 0) logits[row] = acc;
     if (xn && blockIdx.x == 0) {
         const bf16* xs = decode_xs();  // staged by decode_dot, followed by a barrier
@@ -327,9 +328,11 @@ extern "C" __global__ void __launch_bounds__(256, 3)
                 e = __ldcg(idx + t * K + slot);
             }
             base = gate_up + e * 2 * F * D;
+            TRACE_MARK(21);  // (phase marks of the trace diagnostic, common.cuh)
         }
         const bf16* g = base + (long)(ok ? f : 0) * D;
         gate_up_dots<8>(g, g + (long)width * D, xr, ok, ag, au);
+        TRACE_MARK(22);
     } else {
         pdl_wait();
         pdl_trigger();

@@ -59,6 +59,8 @@ pub struct TraceRec {
     /// after the first PDL wait (0: the block never waited)
     pub t1: u64,
     pub t2: u64,
+    /// at the kernel's TRACE_MARK(LILY_TRACE_MARK) (0: no mark passed)
+    pub t3: u64,
     pub kid: u32,
     pub block: u32,
 }
@@ -72,6 +74,8 @@ pub struct TraceLaunch {
     /// (first, last) release from the PDL wait; None if no block waited
     pub wait: Option<(f64, f64)>,
     pub exit: (f64, f64),
+    /// (first, last) time a block passed the phase mark; None if none did
+    pub mark: Option<(f64, f64)>,
 }
 
 /// The ticket counter and the ring every traced module writes to.
@@ -158,18 +162,17 @@ pub fn last_step(recs: &[TraceRec]) -> Vec<TraceLaunch> {
             let v = g.iter().map(f);
             (us(v.clone().min().unwrap()), us(v.max().unwrap()))
         };
-        let waited: Vec<u64> = g.iter().map(|x| x.t1).filter(|&x| x > 0).collect();
+        let first_last = |f: &dyn Fn(&TraceRec) -> u64| {
+            let v: Vec<u64> = g.iter().map(f).filter(|&x| x > 0).collect();
+            (!v.is_empty()).then(|| (us(*v.iter().min().unwrap()), us(*v.iter().max().unwrap())))
+        };
         out.push(TraceLaunch {
             kernel: TRACE_KERNELS.get(r[i].kid as usize).copied().unwrap_or("?"),
             blocks: g.len(),
             start: min_max(&|x| x.t0),
-            wait: (!waited.is_empty()).then(|| {
-                (
-                    us(*waited.iter().min().unwrap()),
-                    us(*waited.iter().max().unwrap()),
-                )
-            }),
+            wait: first_last(&|x| x.t1),
             exit: min_max(&|x| x.t2),
+            mark: first_last(&|x| x.t3),
         });
         i = j;
     }
@@ -179,14 +182,17 @@ pub fn last_step(recs: &[TraceRec]) -> Vec<TraceLaunch> {
 /// The launches as CSV (one row each; times in us from the step's start).
 pub fn launches_csv(launches: &[TraceLaunch]) -> String {
     let mut s = String::from(
-        "launch,kernel,blocks,first_start,last_start,first_wait,last_wait,first_exit,last_exit\n",
+        "launch,kernel,blocks,first_start,last_start,first_wait,last_wait,first_exit,last_exit,first_mark,last_mark\n",
     );
-    for (i, l) in launches.iter().enumerate() {
-        let (w0, w1) = l.wait.map_or((String::new(), String::new()), |(a, b)| {
+    let pair = |p: Option<(f64, f64)>| {
+        p.map_or((String::new(), String::new()), |(a, b)| {
             (format!("{a:.3}"), format!("{b:.3}"))
-        });
+        })
+    };
+    for (i, l) in launches.iter().enumerate() {
+        let ((w0, w1), (m0, m1)) = (pair(l.wait), pair(l.mark));
         s += &format!(
-            "{i},{},{},{:.3},{:.3},{w0},{w1},{:.3},{:.3}\n",
+            "{i},{},{},{:.3},{:.3},{w0},{w1},{:.3},{:.3},{m0},{m1}\n",
             l.kernel, l.blocks, l.start.0, l.start.1, l.exit.0, l.exit.1
         );
     }
@@ -202,6 +208,7 @@ mod tests {
             t0,
             t1,
             t2,
+            t3: 0,
             kid,
             block,
         }
@@ -217,8 +224,14 @@ mod tests {
             rec(1, 0, 1_000, 1_010, 1_100),
             rec(2, 1, 1_050, 1_120, 2_000),
             rec(2, 0, 1_040, 1_110, 2_100),
-            rec(3, 0, 1_900, 2_200, 2_600),
-            rec(3, 1, 1_950, 0, 2_500),
+            TraceRec {
+                t3: 2_400,
+                ..rec(3, 0, 1_900, 2_200, 2_600)
+            },
+            TraceRec {
+                t3: 2_300,
+                ..rec(3, 1, 1_950, 0, 2_500)
+            },
         ];
         let l = last_step(&recs);
         assert_eq!(l.len(), 3);
@@ -229,12 +242,13 @@ mod tests {
         assert_eq!(l[1].exit, (1.0, 1.1));
         assert_eq!(l[2].kernel, "gdn core");
         assert_eq!(l[2].wait, Some((1.2, 1.2)));
+        assert_eq!((l[1].mark, l[2].mark), (None, Some((1.3, 1.4))));
         let csv = launches_csv(&l);
-        assert!(csv
-            .lines()
-            .nth(3)
-            .unwrap()
-            .starts_with("2,gdn core,2,0.900,0.950,1.200,1.200,1.500,1.600"));
+        assert_eq!(
+            csv.lines().nth(3).unwrap(),
+            "2,gdn core,2,0.900,0.950,1.200,1.200,1.500,1.600,1.300,1.400"
+        );
+        assert!(csv.lines().nth(2).unwrap().ends_with(",1.000,1.100,,"));
     }
 
     #[test]
