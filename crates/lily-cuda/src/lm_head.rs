@@ -6,6 +6,7 @@
 //! produced, so only greedy steps that return nothing but the id use it.
 
 use anyhow::{bail, Result};
+use lily_model::Config;
 
 use crate::gpu::{Arg, DevBuf, Gpu};
 
@@ -26,9 +27,23 @@ pub struct HeadScreen {
 }
 
 impl HeadScreen {
-    /// Device bytes of the copy and scratch for a vocabulary of `v` rows.
-    pub fn bytes_for(v: usize) -> usize {
-        v * SCREEN_HIDDEN + 3 * v * 4 + 16
+    /// Whether a model of `cfg` gets the screen with it switched `on`
+    /// (`CudaOptions::head_screen`): the kernels are written for the
+    /// released hidden size.
+    pub fn applies(cfg: &Config, on: bool) -> bool {
+        on && cfg.hidden_size == SCREEN_HIDDEN
+    }
+
+    /// Device bytes for `cfg`'s vocabulary: the int8 copy, the per-row scale
+    /// and bound, and the scratch (hi [V] f32, the threshold); 0 where the
+    /// screen does not apply.
+    pub fn bytes_for(cfg: &Config, on: bool) -> usize {
+        let v = cfg.vocab_size;
+        if Self::applies(cfg, on) {
+            v * SCREEN_HIDDEN + 3 * v * 4 + 16
+        } else {
+            0
+        }
     }
 
     /// Quantize the bf16 head `w` [v, SCREEN_HIDDEN] (head_quantize_kernel, once).

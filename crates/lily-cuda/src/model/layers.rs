@@ -524,30 +524,22 @@ impl CudaModel {
         debug_assert_eq!(self.w.lm_head.bytes, v * d * 2);
         let g = &self.gpu;
         let max_pos = if advance { self.opts.max_seq - 1 } else { 0 };
-        if let (true, Some(hs)) = (screen, self.screen.as_ref()) {
-            hs.launch(g, self.w.lm_head.ptr, s.h.ptr, s.valid.ptr, s.best.ptr)?;
-            greedy_finish(
+        let hs = self.screen.as_ref().filter(|_| screen);
+        match hs {
+            Some(hs) => hs.launch(g, self.w.lm_head.ptr, s.h.ptr, s.valid.ptr, s.best.ptr)?,
+            None => greedy_lm_head(
                 g,
+                self.w.lm_head.ptr,
+                s.h.ptr,
+                s.logits.ptr,
+                v,
+                d,
+                s.valid.ptr,
                 s.best.ptr,
-                s.next.ptr,
-                s.pos.ptr,
-                max_pos,
-                s.host_next.dev,
-                hs.threshold(),
-            )?;
-            // (its own name in the profile's table: its bytes are the int8 copy's)
-            return self.mark("lm_head screen", hs.step_bytes());
+            )?,
         }
-        greedy_lm_head(
-            g,
-            self.w.lm_head.ptr,
-            s.h.ptr,
-            s.logits.ptr,
-            v,
-            d,
-            s.valid.ptr,
-            s.best.ptr,
-        )?;
+        // (the screen's threshold is cleared with `best`)
+        let clear = hs.map_or(0, |hs| hs.threshold());
         greedy_finish(
             g,
             s.best.ptr,
@@ -555,9 +547,13 @@ impl CudaModel {
             s.pos.ptr,
             max_pos,
             s.host_next.dev,
-            0,
+            clear,
         )?;
-        self.mark("lm_head", (self.w.lm_head.bytes + v * 4) as u64)
+        match hs {
+            // its own name in the profile's table: its bytes are the int8 copy's
+            Some(hs) => self.mark("lm_head screen", hs.step_bytes()),
+            None => self.mark("lm_head", (self.w.lm_head.bytes + v * 4) as u64),
+        }
     }
 
     fn mark(&self, name: &'static str, bytes: u64) -> Result<()> {

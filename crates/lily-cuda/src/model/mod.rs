@@ -19,7 +19,7 @@ use lily_model::{Config, LayerKind, Weights};
 
 use self::bytes::gib;
 use crate::gpu::{DevBuf, Gpu};
-use crate::lm_head::{HeadScreen, SCREEN_HIDDEN};
+use crate::lm_head::HeadScreen;
 use crate::sampling::{sample_into, GpuSampleParams};
 use crate::weights::{upload, weight_bytes, DevWeights};
 
@@ -78,11 +78,10 @@ pub struct CudaState {
     pub pos: usize,
     /// per layer: (k cache, v cache) [max_seq, Hkv, Dh] bf16, or (conv [C, W-1] f32, S [Hv, Dk, Dv] f32)
     layers: Vec<(DevBuf, DevBuf)>,
-    /// The decode step (layers + lm_head into the logits buffer) captured on
-    /// this state's buffers at its first decode, replayed after; and the
-    /// greedy-only step (the screened lm_head, no logits), likewise.
-    graph: Option<StepGraph>,
-    graph_greedy: Option<StepGraph>,
+    /// The decode step captured on this state's buffers at its first decode,
+    /// replayed after: [0] layers + lm_head into the logits buffer, [1] the
+    /// greedy-only step (the screened lm_head, no logits).
+    graphs: [Option<StepGraph>; 2],
     /// Which state this is (`CudaModel::next_owner`), and the token it chose
     /// last (the one `decode_greedy` feeds).
     id: u64,
@@ -253,22 +252,11 @@ pub fn memory_estimate(cfg: &Config, opts: &CudaOptions) -> (usize, usize, usize
         + crate::gdn::gdn_chunked_scratch_bytes(t, hv, dv)
         + crate::attention::attention_decode_scratch_bytes(hq, dh, decode_splits(opts.max_seq))
         + grouped_bytes(cfg, t);
-    (weight_bytes(cfg) + head_screen_bytes(cfg, opts), state, act)
-}
-
-/// The screened greedy lm_head's int8 copy, per-row scale and bound, and its
-/// scratch (hi [V] f32, the threshold); 0 when off or not applicable.
-fn head_screen_bytes(cfg: &Config, opts: &CudaOptions) -> usize {
-    if head_screen_applies(cfg, opts) {
-        HeadScreen::bytes_for(cfg.vocab_size)
-    } else {
-        0
-    }
-}
-
-/// The screen kernels are written for the released hidden size.
-fn head_screen_applies(cfg: &Config, opts: &CudaOptions) -> bool {
-    opts.head_screen && cfg.hidden_size == SCREEN_HIDDEN
+    (
+        weight_bytes(cfg) + HeadScreen::bytes_for(cfg, opts.head_screen),
+        state,
+        act,
+    )
 }
 
 impl CudaModel {
@@ -307,7 +295,7 @@ impl CudaModel {
                 gib(ab),
                 gib(free),
                 gpu.name,
-                gib(head_screen_bytes(&cfg, &opts))
+                gib(HeadScreen::bytes_for(&cfg, opts.head_screen))
             );
         }
         let t0 = std::time::Instant::now();
@@ -321,7 +309,7 @@ impl CudaModel {
         };
         let dw = upload(&gpu, &cfg, w, &progress)?;
         let s = Self::scratch(&gpu, &cfg, &opts)?;
-        let screen = if head_screen_applies(&cfg, &opts) {
+        let screen = if HeadScreen::applies(&cfg, opts.head_screen) {
             Some(HeadScreen::build(&gpu, dw.lm_head.ptr, cfg.vocab_size)?)
         } else {
             None
@@ -460,8 +448,7 @@ impl CudaModel {
         Ok(CudaState {
             pos: 0,
             layers,
-            graph: None,
-            graph_greedy: None,
+            graphs: [None, None],
             id: self.state_ids.fetch_add(1, Ordering::Relaxed),
             last: None,
         })
@@ -594,22 +581,15 @@ impl CudaModel {
             self.layers(st, 1, s.next.ptr)?;
             self.lm_head_decode(true, screen)?;
         } else {
-            let has = if screen {
-                st.graph_greedy.is_some()
-            } else {
-                st.graph.is_some()
-            };
-            if !has {
-                let g = Some(StepGraph(self.capture_step(st, true, screen)?));
-                if screen {
-                    st.graph_greedy = g;
-                } else {
-                    st.graph = g;
-                }
+            let i = screen as usize;
+            if st.graphs[i].is_none() {
+                st.graphs[i] = Some(StepGraph(self.capture_step(st, true, screen)?));
             }
-            let g = if screen { &st.graph_greedy } else { &st.graph };
-            let g = g.as_ref().unwrap();
-            g.0.launch()
+            st.graphs[i]
+                .as_ref()
+                .unwrap()
+                .0
+                .launch()
                 .map_err(|e| anyhow::anyhow!("launching the decode graph: {e:?}"))?;
         }
         st.pos += 1;
