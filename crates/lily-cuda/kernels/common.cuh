@@ -407,6 +407,25 @@ __device__ __forceinline__ const bf16* stage_input_pre(DecodeIn in, const float 
     return xs;
 }
 
+// The warp's dot product of a row with the staged x (K = 256 * NCH) from the
+// lane's NCH 16-byte chunks of the row (lane * 8 + 256 c), in warp_dot_bf16's
+// order: the decode GEMVs' sum, which the screened lm_head's exact rows
+// (lm_head.cu) repeat bit for bit by calling it too.
+template <int NCH>
+__device__ __forceinline__ float chunk_dot(const uint4 (&r)[NCH], const bf16* xs) {
+    const int lane = threadIdx.x & 31;
+    float acc = 0.f;
+#pragma unroll
+    for (int c = 0; c < NCH; c++) {
+        float a[8], b[8];
+        unpack8(r[c], a);
+        load8(xs + lane * 8 + 256 * c, b);
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc += a[i] * b[i];
+    }
+    return warp_sum(acc);
+}
+
 // A warp's dot product of a weight row with x, K = 256 * NCH: the lane's NCH
 // 16-byte chunks of the row (lane * 8 + 256 c) are all loaded into registers
 // before pdl_wait(), so the whole row is in flight at once (a loop that loads
@@ -429,16 +448,7 @@ __device__ __forceinline__ float prefetched_dot(const bf16* __restrict__ w, Deco
     pdl_trigger();
     const bf16* xs = stage_input_pre(x, nw);
     if (!ok) return 0.f;
-    float acc = 0.f;
-#pragma unroll
-    for (int c = 0; c < NCH; c++) {
-        float a[8], b[8];
-        unpack8(r[c], a);
-        load8(xs + lane * 8 + 256 * c, b);
-#pragma unroll
-        for (int i = 0; i < 8; i++) acc += a[i] * b[i];
-    }
-    return warp_sum(acc);
+    return chunk_dot<NCH>(r, xs);
 }
 
 // prefetched_dot for the K of this model's decode GEMVs (512, 1024, 2048,

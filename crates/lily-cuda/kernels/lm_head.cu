@@ -235,16 +235,7 @@ extern "C" __global__ void __launch_bounds__(256) head_pick_kernel(const float* 
         uint4 c[NCH];
 #pragma unroll
         for (int k = 0; k < NCH; k++) c[k] = ld_weight16(w + lane * 8 + 256 * k);
-        float acc = 0.f;
-#pragma unroll
-        for (int k = 0; k < NCH; k++) {
-            float a[8], b[8];
-            unpack8(c[k], a);
-            load8(xs + lane * 8 + 256 * k, b);
-#pragma unroll
-            for (int j = 0; j < 8; j++) acc += a[j] * b[j];
-        }
-        const u64 en = argmax_entry(warp_sum(acc), (unsigned)r);
+        const u64 en = argmax_entry(chunk_dot<NCH>(c, xs), (unsigned)r);
         m = en > m ? en : m;
     }
     if (lane == 0) warp_best[warp] = m;
