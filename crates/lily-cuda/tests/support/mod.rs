@@ -32,6 +32,16 @@ pub fn random(n: usize, seed: u64, mean: f32, std: f32) -> Vec<f32> {
     (0..n as u64).map(|i| p.value(i)).collect()
 }
 
+/// [`random`] of a mixed seed, for files whose seeds are small integers.
+pub fn random_mixed(n: usize, seed: u64, mean: f32, std: f32) -> Vec<f32> {
+    random(
+        n,
+        seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5A5A,
+        mean,
+        std,
+    )
+}
+
 /// [`random`] with an exact zero nudged away (to 1e-3).
 pub fn random_nonzero(n: usize, seed: u64, mean: f32, std: f32) -> Vec<f32> {
     random(n, seed, mean, std)
