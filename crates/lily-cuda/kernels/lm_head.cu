@@ -9,7 +9,7 @@
 // screen reads the int8 copy (half the bytes of the 1 GB bf16 head
 // at this vocabulary) and writes hi_r = lq_r + b_r and T; the pick then
 // computes the exact logit, in the bf16 product's own order (gemv_kernel's
-// prefetched_dot), of each row with hi_r >= T only (tens of rows for random
+// chunk_dot, common.cuh), of each row with hi_r >= T only (tens of rows for random
 // weights, fewer for a trained head) and takes their argmax_entry maximum.
 // The choice is therefore the same id, bit for bit, as the full product's
 // argmax: an exact shortcut for greedy decoding, not an approximation. Steps
@@ -191,7 +191,7 @@ extern "C" __global__ void __launch_bounds__(256) head_screen_kernel(const signe
 // The pick: each block scans HEAD_PICK_TILE rows of hi, lists those below
 // *valid with hi >= T (T = order_value(*lo); -inf when no row had a finite
 // bound, so every row), computes their exact logits a warp a row
-// (the full product's sum, same order: bit for bit gemv_kernel's), and folds
+// (chunk_dot, the full product's own sum: bit for bit gemv_kernel's), and folds
 // argmax_entry of each into *best (argmax_finish_kernel reads and clears it).
 // Grid ceil(V / HEAD_PICK_TILE), block 256; W [V, 2048] bf16.
 extern "C" __global__ void __launch_bounds__(256) head_pick_kernel(const float* __restrict__ hi,
