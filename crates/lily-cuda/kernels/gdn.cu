@@ -166,6 +166,13 @@ __device__ __forceinline__ void cluster_arrive_relaxed_() {
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 }
 __device__ __forceinline__ void cluster_wait_() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
+// The two halves of cluster_sync_, for warps that do other work in between.
+__device__ __forceinline__ void cluster_arrive_release_() {
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait_acquire_() {
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
 
 // The generic address of `p`'s counterpart in the shared memory of cluster block `rank`.
 __device__ __forceinline__ float* cluster_map_(float* p, unsigned rank) {
@@ -200,6 +207,10 @@ __device__ __forceinline__ float conv4_silu(const float* w, const float* h, floa
 // until its fallback.
 #ifndef LILY_GDN_DIAG
 #define LILY_GDN_DIAG 0
+#endif
+// LILY_GDN_EARLY_ARRIVE: the state stores after the cluster barrier's arrival (experiment)
+#ifndef LILY_GDN_EARLY_ARRIVE
+#define LILY_GDN_EARLY_ARRIVE 0
 #endif
 extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_bounds__(GDN_DEC_THREADS)
     gdn_decode_kernel(const float* __restrict__ mixed, float* __restrict__ conv_state,
@@ -360,6 +371,60 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
     //    output stores, not for its state stores (with them first the count
     //    came about when the stores had drained anyway, and measured slower:
     //    BENCHMARKS.md, 15th session).
+#if LILY_GDN_EARLY_ARRIVE
+    // 4-6 with the state stores off the output's path: the cluster barrier
+    // that exchanges the sums of o^2 waits only for warp 0s (the other warps
+    // arrive before they store their tiles), and warp 0 stores its tile after
+    // the output. With the stores before the arrival, every block's output
+    // waited for the slowest block's 16 KB of stores to issue (phase marks,
+    // 22nd session: 2.4 us from the reduction to the last block's stores).
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        s[i].x += kr[i] * d.x;
+        s[i].y += kr[i] * d.y;
+        s[i].z += kr[i] * d.z;
+        s[i].w += kr[i] * d.w;
+    }
+    TRACE_MARK(3);
+    cluster_wait_();  // the barrier every block arrived at on entry (long met)
+    TRACE_MARK(4);
+    if (warp != 0) {
+        cluster_arrive_release_();
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            __stcg(reinterpret_cast<float4*>(Sj + (long)(32 * i + 4 * warp + rs) * GDN_DEC_DV), s[i]);
+        cluster_wait_acquire_();
+    } else {
+        const float* ru = reinterpret_cast<const float*>(&red_u[0][0]);
+        const float* rq = reinterpret_cast<const float*>(&red_q[0][0]);
+        float uc = ru[lane], oc = rq[lane];
+#pragma unroll
+        for (int w8 = 1; w8 < 8; w8++) {
+            uc += ru[w8 * GDN_DEC_COLS + lane];
+            oc += rq[w8 * GDN_DEC_COLS + lane];
+        }
+        const float o = oc + beta * (vc - uc) * kq;
+        float ss = warp_sum(o * o);
+        if (lane < GDN_DEC_HEAD_BLOCKS)
+            *cluster_map_(&parts[hrank], rank - hrank + lane) = ss;
+        cluster_sync_();
+        TRACE_MARK(5);
+        ss = 0.f;
+#pragma unroll
+        for (unsigned r = 0; r < GDN_DEC_HEAD_BLOCKS; r++) ss += parts[r];
+        float inv = rsqrtf(ss / GDN_DEC_DV + eps);
+        out[(long)j * GDN_DEC_DV + col0 + lane] = f2bf(wc * (o * inv) * zc);
+        TRACE_MARK(6);
+        __syncwarp();
+        if (done && lane == 0) {
+            __threadfence();
+            atomicAdd(done, 1u);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            __stcg(reinterpret_cast<float4*>(Sj + (long)(32 * i + 4 * warp + rs) * GDN_DEC_DV), s[i]);
+    }
+#else
     const bool late = LILY_GDN_DIAG != 6 && LILY_GDN_DIAG != 8 && done && warp == 0;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -424,6 +489,7 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
                 __stcg(reinterpret_cast<float4*>(Sj + (long)(32 * i + 4 * warp + rs) * GDN_DEC_DV), s[i]);
         }
     }
+#endif
     // 7. The conv history: the v columns by their block; the q/k channels by
     //    one block of the key head (column block 0 of its first v head), now
     //    that every block of the cluster, so every reader, is past the barrier.
