@@ -201,16 +201,11 @@ __device__ __forceinline__ float conv4_silu(const float* w, const float* h, floa
 // projection's early signal (common.cuh input_wait).
 //
 // LILY_GDN_DIAG (timing diagnostics, wrong output, BENCHMARKS.md 9th session):
-// 6 the new state not stored; 7 return after the conv; 8 return after the
-// state store. 7 and 8 return before counting: run them with
-// LILY_GDN_SIGNAL unset (the default) or 0, or every output projection polls
-// until its fallback.
+// 6 the new state not stored; 7 return after the conv (before counting: run
+// it with LILY_GDN_SIGNAL unset (the default) or 0, or every output
+// projection polls until its fallback).
 #ifndef LILY_GDN_DIAG
 #define LILY_GDN_DIAG 0
-#endif
-// LILY_GDN_EARLY_ARRIVE: the state stores after the cluster barrier's arrival (experiment)
-#ifndef LILY_GDN_EARLY_ARRIVE
-#define LILY_GDN_EARLY_ARRIVE 0
 #endif
 extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_bounds__(GDN_DEC_THREADS)
     gdn_decode_kernel(const float* __restrict__ mixed, float* __restrict__ conv_state,
@@ -363,21 +358,15 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
     }
     float4 d = make_float4(beta * (v4.x - u.x), beta * (v4.y - u.y), beta * (v4.z - u.z), beta * (v4.w - u.w));
 
-    // 4. S = Sd + k delta^T, stored as soon as delta is known, through L2
-    //    only (st.global.cg): with plain stores the 2 MB a layer cost ~1.4 us
-    //    more of the step (BENCHMARKS.md, 9th session).
-    //    With a `done` count, warp 0 (which writes the output and counts it)
-    //    stores its tile only after counting: its fence then waits for its
-    //    output stores, not for its state stores (with them first the count
-    //    came about when the stores had drained anyway, and measured slower:
-    //    BENCHMARKS.md, 15th session).
-#if LILY_GDN_EARLY_ARRIVE
-    // 4-6 with the state stores off the output's path: the cluster barrier
-    // that exchanges the sums of o^2 waits only for warp 0s (the other warps
-    // arrive before they store their tiles), and warp 0 stores its tile after
-    // the output. With the stores before the arrival, every block's output
-    // waited for the slowest block's 16 KB of stores to issue (phase marks,
-    // 22nd session: 2.4 us from the reduction to the last block's stores).
+    // 4. S = Sd + k delta^T, in registers; stored below, off the output's
+    //    path, through L2 only (st.global.cg: with plain stores the 2 MB a
+    //    layer cost ~1.4 us more of the step, BENCHMARKS.md, 9th session).
+    //    The cluster barrier that exchanges the sums of o^2 waits only for
+    //    the warp 0s: warps 1-7 arrive before they store their tiles, warp 0
+    //    stores its own after the output (and after counting it, so its fence
+    //    waits for the output's stores only). With every store before the
+    //    arrival, each block's output waited for the slowest block's 16 KB
+    //    to issue (BENCHMARKS.md, 22nd session).
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         s[i].x += kr[i] * d.x;
@@ -392,7 +381,7 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
         cluster_arrive_release_();
 #pragma unroll
         for (int i = 0; i < 4; i++)
-            __stcg(reinterpret_cast<float4*>(Sj + (long)(32 * i + 4 * warp + rs) * GDN_DEC_DV), s[i]);
+            if (LILY_GDN_DIAG != 6) __stcg(reinterpret_cast<float4*>(Sj + (long)(32 * i + 4 * warp + rs) * GDN_DEC_DV), s[i]);
         cluster_wait_acquire_();
     } else {
         const float* ru = reinterpret_cast<const float*>(&red_u[0][0]);
@@ -403,6 +392,12 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
             uc += ru[w8 * GDN_DEC_COLS + lane];
             oc += rq[w8 * GDN_DEC_COLS + lane];
         }
+        // 5. o = Sd^T q + delta (k . q) for the block's 32 columns (lane =
+        //    column; its delta is the same sum in the same order as the
+        //    stored state's), and 6. this block's sum of o^2 pushed into every
+        //    block of the head (lane r to block r): after the barrier each
+        //    block reads its own copies, so none reads another's shared memory
+        //    late and none has to wait at a second barrier before it exits.
         const float o = oc + beta * (vc - uc) * kq;
         float ss = warp_sum(o * o);
         if (lane < GDN_DEC_HEAD_BLOCKS)
@@ -415,67 +410,6 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
         float inv = rsqrtf(ss / GDN_DEC_DV + eps);
         out[(long)j * GDN_DEC_DV + col0 + lane] = f2bf(wc * (o * inv) * zc);
         TRACE_MARK(6);
-        __syncwarp();
-        if (done && lane == 0) {
-            __threadfence();
-            atomicAdd(done, 1u);
-        }
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            __stcg(reinterpret_cast<float4*>(Sj + (long)(32 * i + 4 * warp + rs) * GDN_DEC_DV), s[i]);
-    }
-#else
-    const bool late = LILY_GDN_DIAG != 6 && LILY_GDN_DIAG != 8 && done && warp == 0;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        s[i].x += kr[i] * d.x;
-        s[i].y += kr[i] * d.y;
-        s[i].z += kr[i] * d.z;
-        s[i].w += kr[i] * d.w;
-#if LILY_GDN_DIAG == 6
-        if (s[i].x == 12345.f)
-#endif
-            if (!late) __stcg(reinterpret_cast<float4*>(Sj + (long)(32 * i + 4 * warp + rs) * GDN_DEC_DV), s[i]);
-    }
-    TRACE_MARK(3);
-#if LILY_GDN_DIAG == 8
-    return;
-#endif
-
-    // 5. o = Sd^T q + delta (k . q) for the block's 32 columns: warp 0, lane = column.
-    //    (Its delta is the same sum in the same order as the stored state's.)
-    //    Every thread waits on the barrier it arrived at on entry (long met).
-    cluster_wait_();
-    TRACE_MARK(4);
-    float o = 0.f;
-    if (warp == 0) {
-        const float* ru = reinterpret_cast<const float*>(&red_u[0][0]);
-        const float* rq = reinterpret_cast<const float*>(&red_q[0][0]);
-        float uc = ru[lane], oc = rq[lane];
-#pragma unroll
-        for (int w8 = 1; w8 < 8; w8++) {
-            uc += ru[w8 * GDN_DEC_COLS + lane];
-            oc += rq[w8 * GDN_DEC_COLS + lane];
-        }
-        o = oc + beta * (vc - uc) * kq;
-        float ss = warp_sum(o * o);
-        // 6. Push this block's sum into every block of the head (lane r to
-        //    block r): after the barrier each block reads its own copies, so
-        //    no block reads another's shared memory late and none has to
-        //    wait at a second barrier before it may exit.
-        if (lane < GDN_DEC_HEAD_BLOCKS)
-            *cluster_map_(&parts[hrank], rank - hrank + lane) = ss;
-    }
-    // The head's sum of squares over its 4 blocks, then the gated norm.
-    cluster_sync_();
-    TRACE_MARK(5);
-    if (warp == 0) {
-        float ss = 0.f;
-#pragma unroll
-        for (unsigned r = 0; r < GDN_DEC_HEAD_BLOCKS; r++) ss += parts[r];
-        float inv = rsqrtf(ss / GDN_DEC_DV + eps);
-        out[(long)j * GDN_DEC_DV + col0 + lane] = f2bf(wc * (o * inv) * zc);
-        TRACE_MARK(6);
         // Count the block's output as written (`done`, nullable): the output
         // projection starts on it (input_wait) while the state stores drain.
         __syncwarp();
@@ -483,13 +417,10 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
             __threadfence();
             atomicAdd(done, 1u);
         }
-        if (late) {
 #pragma unroll
-            for (int i = 0; i < 4; i++)
-                __stcg(reinterpret_cast<float4*>(Sj + (long)(32 * i + 4 * warp + rs) * GDN_DEC_DV), s[i]);
-        }
+        for (int i = 0; i < 4; i++)
+            if (LILY_GDN_DIAG != 6) __stcg(reinterpret_cast<float4*>(Sj + (long)(32 * i + 4 * warp + rs) * GDN_DEC_DV), s[i]);
     }
-#endif
     // 7. The conv history: the v columns by their block; the q/k channels by
     //    one block of the key head (column block 0 of its first v head), now
     //    that every block of the cluster, so every reader, is past the barrier.
