@@ -296,13 +296,21 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     moe_gate_up_kernel(const bf16* __restrict__ x, const bf16* __restrict__ gate_up,
                        const bf16* __restrict__ shared_gate_up, const int* __restrict__ idx, bf16* __restrict__ h,
                        int D, int F, int Fs, int K, const float* __restrict__ logits, int E,
-                       RouteSlot* __restrict__ route) {
+                       RouteSlot* __restrict__ route, const char* __restrict__ ahead0, unsigned long long n0,
+                       const char* __restrict__ ahead1, unsigned long long n1) {
     TRACE(TK_GATE_UP);
     int lane = threadIdx.x & 31;
     int f = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int slot = blockIdx.y == 0 ? K : (int)blockIdx.y - 1;
     long t = blockIdx.z;
     bool shared = slot == K;
+    // Weights needed later in the step, asked into L2 by the shared expert's
+    // blocks (the first dispatched) while the router and the routed blocks'
+    // top-K leave the DRAM mostly idle: each block its share of two ranges.
+    if (shared && t == 0 && threadIdx.x == 0) {
+        l2_prefetch_share(ahead0, n0);
+        l2_prefetch_share(ahead1, n1);
+    }
     int width = shared ? Fs : F;
     bool ok = f < width;
     const bf16* xr = x + t * D;
