@@ -71,17 +71,19 @@ __device__ __forceinline__ void unpack8(uint4 v, float* out) {
 __device__ __forceinline__ void load8(const bf16* p, float* out) { unpack8(*reinterpret_cast<const uint4*>(p), out); }
 
 // A 16-byte load of a weight: read once a step, never written, so through the
-// non-coherent path, and not kept in L1 (nothing reads it again; decode at
-// 32k measured 0.7% faster than with __ldg, BENCHMARKS.md, 7th session, where
-// an L2 evict-first policy and a 256-byte L2 fetch measured no better).
-// LILY_WEIGHT_LOAD=0 (a define gpu.rs passes from LILY_KERNEL_DEFINES) gives
-// the plain __ldg back, to measure both in one build.
+// non-coherent path, not kept in L1 (nothing reads it again; decode at 32k
+// measured 0.7% faster than with __ldg, BENCHMARKS.md, 7th session), and
+// first out of L2 (evict-first). That policy alone measured no better (7th
+// session; 22nd: -0.2%), but it keeps what gate/up asks into L2 ahead (moe.cu:
+// the shared expert's down matrix) from being evicted by the expert weights
+// streaming past: together +0.7% at 4k (22nd session).
+// LILY_WEIGHT_LOAD (a define gpu.rs passes from LILY_KERNEL_DEFINES) measures
+// the older forms in the same build: 1 without the L2 policy, 0 plain __ldg.
 #ifndef LILY_WEIGHT_LOAD
-#define LILY_WEIGHT_LOAD 1
+#define LILY_WEIGHT_LOAD 2
 #endif
 __device__ __forceinline__ uint4 ld_weight16(const void* p) {
 #if LILY_WEIGHT_LOAD == 2
-    // read once a step: first out of L2 (experiment)
     uint4 v;
     unsigned long long pol;
     asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));

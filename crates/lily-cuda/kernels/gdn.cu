@@ -207,14 +207,7 @@ __device__ __forceinline__ float conv4_silu(const float* w, const float* h, floa
 #ifndef LILY_GDN_DIAG
 #define LILY_GDN_DIAG 0
 #endif
-// LILY_GDN_MINB: blocks an SM the register budget is sized for (experiment: 4
-// caps it at 64 registers, so two output-projection blocks fit beside it)
-#if defined(LILY_GDN_MINB) && LILY_GDN_MINB > 0
-#define GDN_DEC_BOUNDS __launch_bounds__(GDN_DEC_THREADS, LILY_GDN_MINB)
-#else
-#define GDN_DEC_BOUNDS __launch_bounds__(GDN_DEC_THREADS)
-#endif
-extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) GDN_DEC_BOUNDS
+extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_bounds__(GDN_DEC_THREADS)
     gdn_decode_kernel(const float* __restrict__ mixed, float* __restrict__ conv_state,
                       const float* __restrict__ conv_w, const float* __restrict__ ba,
                       const float* __restrict__ a_log, const float* __restrict__ dt_bias,

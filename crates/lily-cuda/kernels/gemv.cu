@@ -80,14 +80,7 @@ extern "C" __global__ void gemv3_kernel(const bf16* __restrict__ x, int K,
 // the GDN core counts its blocks there once their output is written, so the
 // product runs while the core's state stores drain; the kernel then waits for
 // the core's completion before it exits.
-// LILY_OUT_MINB: blocks an SM the register budget is sized for (experiment: 3
-// caps it at 80 registers, so two fit beside a GDN core block)
-#if defined(LILY_OUT_MINB) && LILY_OUT_MINB > 0
-#define OUT_BOUNDS __launch_bounds__(256, LILY_OUT_MINB)
-#else
-#define OUT_BOUNDS
-#endif
-extern "C" __global__ void OUT_BOUNDS gemv_add_norm_kernel(const bf16* __restrict__ W, const bf16* h, float* __restrict__ delta,
+extern "C" __global__ void gemv_add_norm_kernel(const bf16* __restrict__ W, const bf16* h, float* __restrict__ delta,
                                                 int D, int K, float* __restrict__ x, const float* __restrict__ w1p,
                                                 bf16* out, float eps, unsigned* __restrict__ counter,
                                                 const unsigned* __restrict__ ready, unsigned nready) {

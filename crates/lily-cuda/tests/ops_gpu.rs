@@ -392,8 +392,6 @@ fn moe_experts() {
                 // the L2 prefetch ahead (no effect on the output): the shared down matrix
                 Arg::Ptr(sdn.ptr),
                 Arg::U64((d * fs * 2) as u64),
-                Arg::Ptr(0),
-                Arg::U64(0),
             ],
         )
         .unwrap()

@@ -145,7 +145,7 @@ impl CudaModel {
             }
             // the final norm, after the last layer (decode: in the down product's last block)
             let final_norm = (l + 1 == self.w.layers.len()).then_some(&self.w.norm);
-            self.moe(lw, t, final_norm, self.w.layers.get(l + 1))
+            self.moe(lw, t, final_norm)
                 .map_err(|e| e.context(format!("layer {l} moe")))?;
         }
         Ok(())
@@ -404,13 +404,7 @@ impl CudaModel {
     /// route slot for the down product's blocks (`CudaOptions::route_slot`);
     /// `final_norm` (after the last layer) runs in the down product's last
     /// block, into `s.h`.
-    fn moe(
-        &self,
-        lw: &DevLayer,
-        t: usize,
-        final_norm: Option<&DevBuf>,
-        next: Option<&DevLayer>,
-    ) -> Result<()> {
+    fn moe(&self, lw: &DevLayer, t: usize, final_norm: Option<&DevBuf>) -> Result<()> {
         let (cfg, g, s) = (&self.cfg, &self.gpu, &self.s);
         let (d, e, k, f, fs) = moe_dims(cfg);
         if t == 1 {
@@ -454,13 +448,8 @@ impl CudaModel {
             return self.mark("moe experts", moe_expert_bytes(cfg));
         }
         let fmax = f.max(fs);
-        let ahead_down = self.opts.l2_ahead_down.then_some(&lw.shared_down);
-        let ahead_next = next
-            .filter(|_| self.opts.l2_ahead_next > 0)
-            .map(|n| match &n.mixer {
-                DevMixer::Attention(a) => &a.q,
-                DevMixer::Gdn(g) => &g.qkv,
-            });
+        // the shared down matrix asked into L2 by gate/up (CudaOptions::l2_ahead)
+        let ahead = self.opts.l2_ahead.then_some(&lw.shared_down);
         // the routing published by gate/up for down (the D = 2048 path)
         let route = if self.opts.route_slot && d == 2048 && self.flags_usable() {
             s.flags.ptr
@@ -485,10 +474,8 @@ impl CudaModel {
                 Arg::Ptr(s.rl.ptr), // each block routes from the logits
                 Arg::I32(e as i32),
                 Arg::Ptr(route),
-                Arg::Ptr(ahead_down.map_or(0, |b| b.ptr)),
-                Arg::U64(ahead_down.map_or(0, |b| b.bytes as u64)),
-                Arg::Ptr(ahead_next.map_or(0, |b| b.ptr)),
-                Arg::U64(ahead_next.map_or(0, |b| b.bytes.min(self.opts.l2_ahead_next) as u64)),
+                Arg::Ptr(ahead.map_or(0, |b| b.ptr)),
+                Arg::U64(ahead.map_or(0, |b| b.bytes as u64)),
             ],
         )?;
         self.mark("moe gate/up", moe_gate_up_bytes(cfg))?;

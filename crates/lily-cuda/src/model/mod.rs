@@ -50,13 +50,10 @@ pub struct CudaOptions {
     /// the full product. `LILY_HEAD_SCREEN=0` turns it off (the copy costs
     /// vocab x hidden bytes of GPU memory)
     pub head_screen: bool,
-    /// Weights asked into L2 ahead of their kernel by the shared expert's
-    /// gate/up blocks, while the router and the top-K leave the DRAM idle
-    /// (experiment): the layer's shared down matrix (`LILY_L2_AHEAD_DOWN=1`),
-    /// and the first MB of the next layer's input projection
-    /// (`LILY_L2_AHEAD_NEXT=MB`)
-    pub l2_ahead_down: bool,
-    pub l2_ahead_next: usize,
+    /// The shared expert's gate/up blocks ask its down matrix into L2 while
+    /// the router and the top-K leave the DRAM idle (moe.cu);
+    /// `LILY_L2_AHEAD=0` turns it off
+    pub l2_ahead: bool,
 }
 
 impl Default for CudaOptions {
@@ -76,14 +73,9 @@ impl Default for CudaOptions {
             head_screen: std::env::var("LILY_HEAD_SCREEN")
                 .map(|v| v != "0")
                 .unwrap_or(true),
-            l2_ahead_down: std::env::var("LILY_L2_AHEAD_DOWN")
+            l2_ahead: std::env::var("LILY_L2_AHEAD")
                 .map(|v| v != "0")
-                .unwrap_or(false),
-            l2_ahead_next: std::env::var("LILY_L2_AHEAD_NEXT")
-                .ok()
-                .and_then(|v| v.parse::<usize>().ok())
-                .unwrap_or(0)
-                << 20,
+                .unwrap_or(true),
         }
     }
 }
