@@ -71,16 +71,27 @@ __device__ __forceinline__ void unpack8(uint4 v, float* out) {
 __device__ __forceinline__ void load8(const bf16* p, float* out) { unpack8(*reinterpret_cast<const uint4*>(p), out); }
 
 // A 16-byte load of a weight: read once a step, never written, so through the
-// non-coherent path, and not kept in L1 (nothing reads it again; decode at
-// 32k measured 0.7% faster than with __ldg, BENCHMARKS.md, 7th session, where
-// an L2 evict-first policy and a 256-byte L2 fetch measured no better).
-// LILY_WEIGHT_LOAD=0 (a define gpu.rs passes from LILY_KERNEL_DEFINES) gives
-// the plain __ldg back, to measure both in one build.
+// non-coherent path, not kept in L1 (nothing reads it again; decode at 32k
+// measured 0.7% faster than with __ldg, BENCHMARKS.md, 7th session), and
+// first out of L2 (evict-first). That policy alone measured no better (7th
+// session; 22nd: -0.2%), but it keeps what gate/up asks into L2 ahead (moe.cu:
+// the shared expert's down matrix) from being evicted by the expert weights
+// streaming past: together +0.7% at 4k (22nd session).
+// LILY_WEIGHT_LOAD (a define gpu.rs passes from LILY_KERNEL_DEFINES) measures
+// the older forms in the same build: 1 without the L2 policy, 0 plain __ldg.
 #ifndef LILY_WEIGHT_LOAD
-#define LILY_WEIGHT_LOAD 1
+#define LILY_WEIGHT_LOAD 2
 #endif
 __device__ __forceinline__ uint4 ld_weight16(const void* p) {
-#if LILY_WEIGHT_LOAD == 1
+#if LILY_WEIGHT_LOAD == 2
+    uint4 v;
+    unsigned long long pol;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p), "l"(pol));
+    return v;
+#elif LILY_WEIGHT_LOAD == 1
     uint4 v;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
@@ -89,6 +100,18 @@ __device__ __forceinline__ uint4 ld_weight16(const void* p) {
 #else
     return __ldg(reinterpret_cast<const uint4*>(p));
 #endif
+}
+
+// This block's share (of gridDim.x) of the n bytes at p (16-byte aligned, n %
+// 16 == 0) asked into L2 by one bulk prefetch: no registers, no shared
+// memory, nothing waits for it. Called by one thread; p null or n 0: nothing.
+__device__ __forceinline__ void l2_prefetch_share(const char* p, unsigned long long n) {
+    if (!p || n == 0) return;
+    const unsigned long long share = ((n + gridDim.x - 1) / gridDim.x + 15) & ~15ull;
+    const unsigned long long off = share * blockIdx.x;
+    if (off >= n) return;
+    const unsigned bytes = (unsigned)(n - off < share ? n - off : share);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(bytes) : "memory");
 }
 
 // load8 through L2 only (ld.global.cg): for data an earlier kernel of the

@@ -296,13 +296,23 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     moe_gate_up_kernel(const bf16* __restrict__ x, const bf16* __restrict__ gate_up,
                        const bf16* __restrict__ shared_gate_up, const int* __restrict__ idx, bf16* __restrict__ h,
                        int D, int F, int Fs, int K, const float* __restrict__ logits, int E,
-                       RouteSlot* __restrict__ route) {
+                       RouteSlot* __restrict__ route, const char* __restrict__ ahead, unsigned long long n_ahead) {
     TRACE(TK_GATE_UP);
     int lane = threadIdx.x & 31;
     int f = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int slot = blockIdx.y == 0 ? K : (int)blockIdx.y - 1;
     long t = blockIdx.z;
     bool shared = slot == K;
+    // `ahead` (nullable; n_ahead bytes): the shared expert's down matrix,
+    // asked into L2 by the shared expert's blocks (dispatched first, before
+    // the router completes) while the router and the routed blocks' top-K
+    // leave the DRAM mostly idle, so the down product, whose blocks become
+    // resident only as this kernel's leave, finds those 2 MB in L2. The
+    // weight streams in between are read evict-first (ld_weight16), so the
+    // lines stay (+0.7% at 4k on the H100; the prefetch with evict-normal
+    // streams, or the next layer's input projection asked ahead as well,
+    // gained nothing: BENCHMARKS.md, 22nd session).
+    if (shared && t == 0 && threadIdx.x == 0) l2_prefetch_share(ahead, n_ahead);
     int width = shared ? Fs : F;
     bool ok = f < width;
     const bf16* xr = x + t * D;

@@ -389,6 +389,9 @@ fn moe_experts() {
                 Arg::Ptr(logits),
                 Arg::I32(e as i32),
                 Arg::Ptr(route),
+                // the L2 prefetch ahead (no effect on the output): the shared down matrix
+                Arg::Ptr(sdn.ptr),
+                Arg::U64((d * fs * 2) as u64),
             ],
         )
         .unwrap()

@@ -448,6 +448,8 @@ impl CudaModel {
             return self.mark("moe experts", moe_expert_bytes(cfg));
         }
         let fmax = f.max(fs);
+        // the shared down matrix asked into L2 by gate/up (CudaOptions::l2_ahead)
+        let ahead = self.opts.l2_ahead.then_some(&lw.shared_down);
         // the routing published by gate/up for down (the D = 2048 path)
         let route = if self.opts.route_slot && d == 2048 && self.flags_usable() {
             s.flags.ptr
@@ -472,6 +474,8 @@ impl CudaModel {
                 Arg::Ptr(s.rl.ptr), // each block routes from the logits
                 Arg::I32(e as i32),
                 Arg::Ptr(route),
+                Arg::Ptr(ahead.map_or(0, |b| b.ptr)),
+                Arg::U64(ahead.map_or(0, |b| b.bytes as u64)),
             ],
         )?;
         self.mark("moe gate/up", moe_gate_up_bytes(cfg))?;

@@ -50,6 +50,10 @@ pub struct CudaOptions {
     /// the full product. `LILY_HEAD_SCREEN=0` turns it off (the copy costs
     /// vocab x hidden bytes of GPU memory)
     pub head_screen: bool,
+    /// The shared expert's gate/up blocks ask its down matrix into L2 while
+    /// the router and the top-K leave the DRAM idle (moe.cu);
+    /// `LILY_L2_AHEAD=0` turns it off
+    pub l2_ahead: bool,
 }
 
 impl Default for CudaOptions {
@@ -67,6 +71,9 @@ impl Default for CudaOptions {
                 .map(|v| v != "0")
                 .unwrap_or(false),
             head_screen: std::env::var("LILY_HEAD_SCREEN")
+                .map(|v| v != "0")
+                .unwrap_or(true),
+            l2_ahead: std::env::var("LILY_L2_AHEAD")
                 .map(|v| v != "0")
                 .unwrap_or(true),
         }
