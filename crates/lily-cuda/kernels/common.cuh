@@ -102,10 +102,13 @@ __device__ __forceinline__ uint4 ld_weight16(const void* p) {
 #endif
 }
 
-// This block's share (of gridDim.x) of the n bytes at p (16-byte aligned, n %
-// 16 == 0) asked into L2 by one bulk prefetch: no registers, no shared
-// memory, nothing waits for it. Called by one thread; p null or n 0: nothing.
+// This block's share (of gridDim.x) of the n bytes at p (16-byte aligned)
+// asked into L2 by one bulk prefetch: no registers, no shared memory, nothing
+// waits for it. Called by one thread; p null or n 0: nothing. (A bulk
+// prefetch takes whole 16-byte units: a tail past the last one is left out,
+// which a hint may do.)
 __device__ __forceinline__ void l2_prefetch_share(const char* p, unsigned long long n) {
+    n &= ~15ull;
     if (!p || n == 0) return;
     const unsigned long long share = ((n + gridDim.x - 1) / gridDim.x + 15) & ~15ull;
     const unsigned long long off = share * blockIdx.x;
