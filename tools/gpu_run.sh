@@ -8,6 +8,8 @@
 #   tools/gpu_run.sh ncu             -> each decode kernel of one layer cycle alone under Nsight Compute
 #   tools/gpu_run.sh trace           -> one decode step's timeline (LILY_TRACE build of the kernels)
 #   tools/gpu_run.sh phases          -> that timeline once per phase mark (TRACE_MARK): phases inside kernels
+#   tools/gpu_run.sh final           -> issue 6 in one call (tests, roofline, side by side, 4k/32k/131k)
+#   tools/gpu_run.sh h200            -> final on an H200; else LILY_ELSE's mode, or exit 3
 # Logs and JSON go to $OUT (or ./gpu-out); a short table is printed last.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -81,6 +83,17 @@ print(f\"e2e $name T=$n: all rel_l2 {r['all']['rel_l2']:.3e} top1 {r['all']['top
 unpack "$carry"
 
 case "$mode" in
+h200)
+  # issue 6's draw: `final` when this machine is an H200, else the mode named
+  # by LILY_ELSE (e.g. envs, with its own variables), else nothing (exit 3:
+  # give the machine back at once). Calls that ask for an H200 mostly get an
+  # H100 (sessions 13-22).
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+  echo "GPU: $gpu"
+  if echo "$gpu" | grep -q H200; then exec "$0" final; fi
+  [ -n "${LILY_ELSE:-}" ] && exec "$0" "$LILY_ELSE"
+  exit 3
+  ;;
 build)
   cargo build --release -p lily-cli
   mkdir -p .carry
