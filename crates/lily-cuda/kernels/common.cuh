@@ -76,7 +76,7 @@ __device__ __forceinline__ void load8(const bf16* p, float* out) { unpack8(*rein
 // first out of L2 (evict-first). That policy alone measured no better (7th
 // session; 22nd: -0.2%), but it keeps what gate/up asks into L2 ahead (moe.cu:
 // the shared expert's down matrix) from being evicted by the expert weights
-// streaming past: together +0.7% at 4k (22nd session).
+// streaming past: together +0.3-0.7% at 4k, -0.3% at 32k (22nd session).
 // LILY_WEIGHT_LOAD (a define gpu.rs passes from LILY_KERNEL_DEFINES) measures
 // the older forms in the same build: 1 without the L2 policy, 0 plain __ldg.
 #ifndef LILY_WEIGHT_LOAD

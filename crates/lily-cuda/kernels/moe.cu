@@ -309,9 +309,9 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     // leave the DRAM mostly idle, so the down product, whose blocks become
     // resident only as this kernel's leave, finds those 2 MB in L2. The
     // weight streams in between are read evict-first (ld_weight16), so the
-    // lines stay (+0.7% at 4k on the H100; the prefetch with evict-normal
-    // streams, or the next layer's input projection asked ahead as well,
-    // gained nothing: BENCHMARKS.md, 22nd session).
+    // lines stay (H100: +0.3-0.7% at 4k, -0.3% at 32k; the prefetch with
+    // evict-normal streams, or the next layer's input projection asked ahead
+    // as well, gained nothing: BENCHMARKS.md, 22nd session).
     if (shared && t == 0 && threadIdx.x == 0) l2_prefetch_share(ahead, n_ahead);
     int width = shared ? Fs : F;
     bool ok = f < width;
