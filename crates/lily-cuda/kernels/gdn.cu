@@ -233,10 +233,11 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
     //    then the conv history and taps of the block's channels: thread tid
     //    has q/k channel tid of the key head, warp 0 also v column col0 + lane.
     float* Sj = S + (long)j * DK * GDN_DEC_DV + col0 + cg * 4;
+    // the thread's float4 of state row 32 i + 4 warp + rs (read here, written back in 4-6)
+    auto tile = [&](int i) { return reinterpret_cast<float4*>(Sj + (long)(32 * i + 4 * warp + rs) * GDN_DEC_DV); };
     float4 s[4];
 #pragma unroll
-    for (int i = 0; i < 4; i++)
-        s[i] = __ldcg(reinterpret_cast<const float4*>(Sj + (long)(32 * i + 4 * warp + rs) * GDN_DEC_DV));
+    for (int i = 0; i < 4; i++) s[i] = __ldcg(tile(i));
     const long cqk = tid < DK ? (long)kh * DK + tid : (long)Hk * DK + (long)kh * DK + (tid - DK);
     const long cv = 2L * Hk * DK + (long)j * GDN_DEC_DV + col0 + lane;
     float hqk[3], wqk[4], hv[3] = {0.f, 0.f, 0.f}, wv[4] = {0.f, 0.f, 0.f, 0.f};
@@ -374,14 +375,17 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
         s[i].z += kr[i] * d.z;
         s[i].w += kr[i] * d.w;
     }
+    auto store_state = [&] {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            if (LILY_GDN_DIAG != 6) __stcg(tile(i), s[i]);
+    };
     TRACE_MARK(3);
     cluster_wait_();  // the barrier every block arrived at on entry (long met)
     TRACE_MARK(4);
     if (warp != 0) {
         cluster_arrive_release_();
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            if (LILY_GDN_DIAG != 6) __stcg(reinterpret_cast<float4*>(Sj + (long)(32 * i + 4 * warp + rs) * GDN_DEC_DV), s[i]);
+        store_state();
         cluster_wait_acquire_();
     } else {
         const float* ru = reinterpret_cast<const float*>(&red_u[0][0]);
@@ -417,9 +421,7 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
             __threadfence();
             atomicAdd(done, 1u);
         }
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            if (LILY_GDN_DIAG != 6) __stcg(reinterpret_cast<float4*>(Sj + (long)(32 * i + 4 * warp + rs) * GDN_DEC_DV), s[i]);
+        store_state();
     }
     // 7. The conv history: the v columns by their block; the q/k channels by
     //    one block of the key head (column block 0 of its first v head), now
