@@ -87,7 +87,7 @@ h200)
   # issue 6's draw: `final` when this machine is an H200, else the mode named
   # by LILY_ELSE (e.g. envs, with its own variables), else nothing (exit 3:
   # give the machine back at once). Calls that ask for an H200 mostly get an
-  # H100 (sessions 13-22).
+  # H100 (sessions 13-23).
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "GPU: $gpu"
   if echo "$gpu" | grep -q H200; then exec "$0" final; fi
