@@ -17,8 +17,8 @@ if [ -z "${nvcc:-}" ] || [ ! -x "$nvcc" ]; then
 fi
 out=$(mktemp -d)
 n=0
-for f in "$root"/crates/lily-cuda/kernels/*.cu; do
-  "$nvcc" -cubin -gencode=arch=compute_90a,code=sm_90a -O3 -Xptxas -v -I "$root/crates/lily-cuda/kernels" \
+for f in "$root"/crates/lily-cuda/src/kernels/*.cu; do
+  "$nvcc" -cubin -gencode=arch=compute_90a,code=sm_90a -O3 -Xptxas -v -I "$root/crates/lily-cuda/src/kernels" \
     -o "$out/$(basename "$f" .cu).cubin" "$f" 2> "$out/$(basename "$f").log" || { cat "$out/$(basename "$f").log"; echo "FAILED: $f"; exit 1; }
   grep -E "spill|Used" "$out/$(basename "$f").log" | sed "s|^|  $(basename "$f"): |" | grep -v " 0 bytes spill" || true
   n=$((n+1))

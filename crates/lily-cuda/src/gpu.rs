@@ -3,28 +3,14 @@
 //! run time, so this builds and runs on machines with no CUDA at all; there
 //! `Gpu::new` returns an error instead of panicking.
 
-use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use cudarc::cublas::sys as cublas_sys;
 use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaFunction, CudaStream};
 
-/// Kernel sources, one file per kernel family; `common.cuh` is spliced in
-/// where a file includes it (NVRTC gets no include paths).
-pub const KERNEL_FILES: &[(&str, &str)] = &[
-    ("embed", include_str!("../kernels/embed.cu")),
-    ("norm", include_str!("../kernels/norm.cu")),
-    ("gemv", include_str!("../kernels/gemv.cu")),
-    ("lm_head", include_str!("../kernels/lm_head.cu")),
-    ("attention", include_str!("../kernels/attention.cu")),
-    ("gdn", include_str!("../kernels/gdn.cu")),
-    ("gdn_chunked", include_str!("../kernels/gdn_chunked.cu")),
-    ("moe", include_str!("../kernels/moe.cu")),
-    ("sampling", include_str!("../kernels/sampling.cu")),
-];
-const COMMON: &str = include_str!("../kernels/common.cuh");
+use crate::kernels::{compile, Build, CompiledFile, Kernel, KERNELS};
 
 /// Is a usable CUDA driver present? (cudarc panics on a missing library, so
 /// every entry point asks first.)
@@ -101,8 +87,29 @@ impl Drop for DevBuf {
     }
 }
 
-/// One argument of a kernel launch, kept alive until the launch call returns.
-pub enum Arg {
+/// How the GPU is set up: the product setting, or a diagnostic of `lily bench`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuOptions {
+    /// Launch the decode chain's kernels with programmatic dependent launch
+    /// (the kernel table's `pdl`); off only to measure what it saves
+    /// (`lily bench --no-pdl`).
+    pub pdl: bool,
+    /// How the kernels are built (the trace diagnostic, `lily bench --trace`).
+    pub build: Build,
+}
+
+impl Default for GpuOptions {
+    fn default() -> Self {
+        GpuOptions {
+            pdl: true,
+            build: Build::default(),
+        }
+    }
+}
+
+/// One argument of a kernel launch, kept alive until the launch call returns
+/// (written only by the typed launchers of crate::kernels).
+pub(crate) enum Arg {
     Ptr(u64),
     I32(i32),
     U64(u64),
@@ -116,9 +123,9 @@ pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     pub blas: cublas_sys::cublasHandle_t,
-    /// each kernel, and whether it is launched with programmatic stream
-    /// serialization (its body waits on `pdl_wait()`; never when PDL is off)
-    funcs: HashMap<String, (CudaFunction, bool)>,
+    /// each kernel of the table (by `Kernel`), and whether it is launched
+    /// with programmatic stream serialization (never when PDL is off)
+    funcs: Vec<(CudaFunction, bool)>,
     /// set by the ablation profile: launches are dropped while it holds
     skip: std::sync::atomic::AtomicBool,
     pub name: String,
@@ -130,7 +137,7 @@ unsafe impl Send for Gpu {}
 unsafe impl Sync for Gpu {}
 
 impl Gpu {
-    pub fn new(ordinal: usize) -> Result<Gpu> {
+    pub fn new(ordinal: usize, opts: &GpuOptions) -> Result<Gpu> {
         cuda_available()?;
         let ctx = CudaContext::new(ordinal).map_err(|e| anyhow!("CUDA device {ordinal}: {e:?}"))?;
         let (major, minor) = (
@@ -152,25 +159,24 @@ impl Gpu {
         // SAFETY: handle and stream are valid; the stream outlives the handle's use.
         unsafe { cudarc::cublas::result::set_stream(blas, stream.cu_stream() as _) }
             .map_err(|e| anyhow!("cuBLAS: {e:?}"))?;
-        let mut funcs = HashMap::new();
         let mut modules = Vec::new();
-        let traced = kernel_defines()?
-            .iter()
-            .any(|d| d.starts_with("LILY_TRACE=") && d != "LILY_TRACE=0");
-        // LILY_PDL=0 launches every kernel plainly (to measure what PDL saves)
-        let pdl_on = std::env::var("LILY_PDL").map(|v| v != "0").unwrap_or(true);
-        for CompiledFile { file, ptx, kernels } in compile_kernels()? {
+        for CompiledFile { file, ptx } in compile(&opts.build)? {
             let module = ctx
                 .load_module(ptx)
                 .map_err(|e| anyhow!("loading kernels/{file}.cu: {e:?}"))?;
-            for (name, waits) in kernels {
-                let f = module
-                    .load_function(&name)
-                    .map_err(|e| anyhow!("kernel {name}: {e:?}"))?;
-                funcs.insert(name, (f, waits && pdl_on));
-            }
-            modules.push(module);
+            modules.push((file, module));
         }
+        let funcs = KERNELS
+            .iter()
+            .map(|k| {
+                let (_, module) = modules.iter().find(|(f, _)| *f == k.file).unwrap();
+                let f = module
+                    .load_function(k.name)
+                    .map_err(|e| anyhow!("kernel {} of kernels/{}.cu: {e:?}", k.name, k.file))?;
+                Ok((f, k.pdl && opts.pdl))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let modules: Vec<_> = modules.into_iter().map(|(_, m)| m).collect();
         let mut gpu = Gpu {
             ctx,
             stream,
@@ -180,7 +186,7 @@ impl Gpu {
             name,
             trace: None,
         };
-        if traced {
+        if opts.build.trace {
             gpu.trace = Some(crate::trace::TraceBufs::new(&gpu, &modules)?);
         }
         Ok(gpu)
@@ -293,19 +299,18 @@ impl Gpu {
             .map_err(|e| anyhow!("CUDA error: {e:?}"))
     }
 
-    /// Launch `name` on the stream. Arguments in the kernel's order.
-    pub fn launch(
+    /// Launch `kernel` on the stream, its arguments in the kernel's order
+    /// (only a typed launcher of crate::kernels writes them).
+    pub(crate) fn launch(
         &self,
-        name: &str,
+        kernel: Kernel,
         grid: (u32, u32, u32),
         block: (u32, u32, u32),
         smem: u32,
         args: &[Arg],
     ) -> Result<()> {
-        let (f, pdl) = self
-            .funcs
-            .get(name)
-            .with_context(|| format!("no kernel named {name}"))?;
+        let (f, pdl) = &self.funcs[kernel as usize];
+        let name = kernel.info().name;
         if self.skip.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(());
         }
@@ -330,7 +335,7 @@ impl Gpu {
             return self.launch_pdl(name, f, grid, block, smem, &mut params);
         }
         // SAFETY: params point at values that live until this call returns; the
-        // kernel's signature matches `args` (each launcher in ops.rs owns that).
+        // kernel's signature matches `args` (its typed launcher owns that).
         unsafe {
             drv::launch_kernel(
                 f.cu_function(),
@@ -438,229 +443,5 @@ impl Gpu {
             bail!("cublasGemmEx({m}x{n}x{k}): {st:?}");
         }
         Ok(())
-    }
-}
-
-/// One kernel file compiled by NVRTC.
-pub struct CompiledFile {
-    pub file: &'static str,
-    pub ptx: cudarc::nvrtc::Ptx,
-    /// its kernels, each with whether it takes part in programmatic dependent
-    /// launch (`pdl_kernels`)
-    pub kernels: Vec<(String, bool)>,
-}
-
-/// Compile every kernel file with NVRTC for sm_90a. Needs only libnvrtc, so CI
-/// (no GPU, NVRTC from NVIDIA's PyPI wheel) compiles exactly what the GPU will.
-pub fn compile_kernels() -> Result<Vec<CompiledFile>> {
-    // SAFETY: probes whether libnvrtc can be opened.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        bail!("NVRTC (libnvrtc.so) was not found");
-    }
-    let defines = kernel_defines()?;
-    let mut out = Vec::new();
-    for (file, src) in KERNEL_FILES {
-        let source = src.replace("#include \"common.cuh\"", COMMON);
-        let mut options = vec!["-default-device".into(), "--std=c++17".into()];
-        options.extend(defines.iter().map(|d| format!("-D{d}")));
-        let opts = cudarc::nvrtc::CompileOptions {
-            arch: Some("sm_90a"),
-            options,
-            name: Some(format!("{file}.cu")),
-            ..Default::default()
-        };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(&source, opts).map_err(|e| match e {
-            cudarc::nvrtc::CompileError::CompileError { log, .. } => {
-                anyhow!(
-                    "NVRTC could not compile kernels/{file}.cu:\n{}",
-                    log.to_string_lossy()
-                )
-            }
-            other => anyhow!("NVRTC could not compile kernels/{file}.cu: {other:?}"),
-        })?;
-        let waits = pdl_kernels(&source);
-        let kernels = kernel_names(&source)
-            .into_iter()
-            .map(|n| {
-                let w = waits.contains(&n);
-                (n, w)
-            })
-            .collect();
-        out.push(CompiledFile { file, ptx, kernels });
-    }
-    Ok(out)
-}
-
-/// `LILY_KERNEL_DEFINES`: NAME=VALUE macros for every kernel file, separated
-/// by spaces or commas (the kernels' compile-time alternatives, e.g.
-/// `LILY_WEIGHT_LOAD=1`, so that one build can measure them in turn; commas
-/// let `tools/gpu_run.sh envs` give several in one setting).
-fn kernel_defines() -> Result<Vec<String>> {
-    let Ok(v) = std::env::var("LILY_KERNEL_DEFINES") else {
-        return Ok(Vec::new());
-    };
-    v.split(|c: char| c.is_whitespace() || c == ',')
-        .filter(|d| !d.is_empty())
-        .map(|d| {
-            let ok = d.split_once('=').is_some_and(|(n, val)| {
-                !n.is_empty()
-                    && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-                    && val.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-            });
-            if !ok {
-                bail!("LILY_KERNEL_DEFINES: {d:?} is not NAME=VALUE (letters, digits, _)");
-            }
-            Ok(d.to_string())
-        })
-        .collect()
-}
-
-/// The kernels of a source file (common.cuh spliced in) that take part in
-/// programmatic dependent launch: those whose body calls `pdl_wait()` or a
-/// helper that does (`decode_dot`, `prefetched_dot`, `gate_up_dots`). A
-/// kernel launched that way without waiting would race the kernel before it,
-/// so only the body itself (braces matched) counts, not its neighbours.
-pub fn pdl_kernels(src: &str) -> Vec<String> {
-    const WAITS: [&str; 5] = [
-        "pdl_wait(",
-        "decode_dot(",
-        "decode_dot_k<",
-        "prefetched_dot<",
-        "gate_up_dots<",
-    ];
-    let mut out = Vec::new();
-    for (name, at) in kernel_names(src).into_iter().zip(kernel_starts(src)) {
-        let body = kernel_body(&src[at..]);
-        if WAITS.iter().any(|w| body.contains(w)) {
-            out.push(name);
-        }
-    }
-    out
-}
-
-/// Byte offsets of each `extern "C" __global__` kernel declaration.
-fn kernel_starts(src: &str) -> Vec<usize> {
-    src.match_indices("extern \"C\" __global__ void ")
-        .map(|(i, _)| i)
-        .collect()
-}
-
-/// The text of the first brace-matched `{ ... }` in `src` (a kernel body;
-/// // comments are skipped so a brace in one does not count).
-fn kernel_body(src: &str) -> &str {
-    let Some(open) = src.find('{') else { return "" };
-    let mut depth = 0usize;
-    let mut in_comment = false;
-    let b = src.as_bytes();
-    let mut i = open;
-    while i < b.len() {
-        match b[i] {
-            b'\n' => in_comment = false,
-            b'/' if !in_comment && b.get(i + 1) == Some(&b'/') => in_comment = true,
-            b'{' if !in_comment => depth += 1,
-            b'}' if !in_comment => {
-                depth -= 1;
-                if depth == 0 {
-                    return &src[open..=i];
-                }
-            }
-            _ => {}
-        }
-        i += 1;
-    }
-    &src[open..]
-}
-
-/// Names of the `extern "C" __global__` kernels in a source file.
-fn kernel_names(src: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for part in src.split("extern \"C\" __global__ void ").skip(1) {
-        let mut rest = part.trim_start();
-        // attributes before the name: __cluster_dims__(4, 1, 1) __launch_bounds__(256)
-        while rest.starts_with("__") {
-            let Some(open) = rest.find('(') else { break };
-            let word = rest[..open].trim();
-            if !(word.ends_with("__") && word.len() > 4) {
-                break;
-            }
-            let Some(close) = rest[open..].find(')') else {
-                break;
-            };
-            rest = rest[open + close + 1..].trim_start();
-        }
-        if let Some(end) = rest.find('(') {
-            out.push(rest[..end].trim().to_string());
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn kernel_names_skip_attributes() {
-        let src = "extern \"C\" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(256) k1(int a) {}\n\
-                   extern \"C\" __global__ void k2(float* x) {}";
-        assert_eq!(super::kernel_names(src), ["k1", "k2"]);
-        for (file, src) in super::KERNEL_FILES {
-            for n in super::kernel_names(src) {
-                assert!(
-                    !n.starts_with("__")
-                        && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
-                    "{file}.cu: bad kernel name {n:?}"
-                );
-            }
-        }
-    }
-
-    /// The decode step's kernels wait on their inputs (PDL); kernels launched
-    /// outside the decode graph or by cuBLAS-adjacent prefill code may not.
-    #[test]
-    fn pdl_kernels_are_the_decode_chain() {
-        let mut all = Vec::new();
-        for (_, src) in super::KERNEL_FILES {
-            let src = src.replace("#include \"common.cuh\"", super::COMMON);
-            assert_eq!(
-                super::kernel_names(&src).len(),
-                super::kernel_starts(&src).len()
-            );
-            all.extend(super::pdl_kernels(&src));
-        }
-        all.sort();
-        let mut want = vec![
-            "embed_kernel",
-            "add_rmsnorm_kernel",
-            "gemv_kernel",
-            "gemv3_kernel",
-            "gemv_add_norm_kernel",
-            "qk_prep_kernel",
-            "attention_decode_partial_kernel",
-            "attention_decode_merge_kernel",
-            "conv_silu_kernel",
-            "gdn_decode_kernel",
-            "router_decode_kernel",
-            "moe_gate_up_kernel",
-            "moe_down_norm_kernel",
-            "argmax_blocks_kernel",
-            "argmax_finish_kernel",
-            "head_screen_kernel",
-            "head_pick_kernel",
-        ];
-        want.sort();
-        assert_eq!(all, want);
-        let src = "extern \"C\" __global__ void a(int x) { if (x) { y(); } // }\n }\n\
-                   __device__ void h() { pdl_wait(); }\n\
-                   extern \"C\" __global__ void b(int x) { decode_dot(w, x, K, ok); }";
-        assert_eq!(super::pdl_kernels(src), ["b"]);
-    }
-
-    #[test]
-    fn every_kernel_file_declares_kernels() {
-        for (file, src) in super::KERNEL_FILES {
-            assert!(
-                !super::kernel_names(src).is_empty(),
-                "{file}.cu declares no kernels"
-            );
-        }
     }
 }

@@ -1,15 +1,14 @@
-//! The CUDA backend for Hopper: hand-written kernels (kernels/*.cu, compiled
-//! at start-up by NVRTC), cuBLAS for prefill GEMMs, and the whole forward pass
-//! on the GPU.
+//! The CUDA backend for Hopper: hand-written kernels (`kernels`: one `.cu`
+//! file per family, compiled at start-up by NVRTC, each launched through its
+//! typed Rust function), cuBLAS for prefill GEMMs, and the whole forward pass
+//! on the GPU (`model`).
 
-pub mod attention;
-pub mod gdn;
 pub mod gpu;
-pub mod lm_head;
+pub mod kernels;
 pub mod model;
 pub mod profile;
-pub mod sampling;
 pub mod trace;
 pub mod weights;
 
-pub use model::{CudaModel, CudaOptions, CudaState};
+pub use gpu::GpuOptions;
+pub use model::{CudaModel, CudaOptions, CudaState, GreedyHead};

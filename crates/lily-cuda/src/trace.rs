@@ -1,5 +1,5 @@
-//! The decode step's timeline, from a build with the kernels' LILY_TRACE
-//! diagnostic (`LILY_KERNEL_DEFINES=LILY_TRACE=1`; kernels/common.cuh TRACE):
+//! The decode step's timeline, from the kernels' trace build (`lily bench
+//! --trace`, `kernels::Build::trace`; kernels/common.cuh TRACE):
 //! every block of a traced kernel records on the GPU's global timer when it
 //! started, when its first PDL wait released it and when it exited. Grouped
 //! into launches, that shows where a step's time goes between kernels (the
@@ -25,31 +25,11 @@ use anyhow::{anyhow, Result};
 use cudarc::driver::CudaModule;
 
 use crate::gpu::{DevBuf, Gpu};
+use crate::kernels::Kernel;
 
 /// Records the ring holds (a power of two): two decode steps of the released
 /// model are ~280,000 blocks.
 const RING: usize = 1 << 20;
-
-/// The traced kernels by id (common.cuh TK_*).
-pub const TRACE_KERNELS: [&str; 16] = [
-    "?",
-    "embed",
-    "gemv3 (in proj)",
-    "gdn core",
-    "out proj",
-    "router",
-    "gate/up",
-    "down",
-    "qk prep",
-    "attn partial",
-    "attn merge",
-    "lm_head",
-    "argmax blocks",
-    "argmax finish",
-    "lm_head screen",
-    "lm_head pick",
-];
-const TK_EMBED: u32 = 1;
 
 /// One block's record (common.cuh TraceRec): global timer, ns.
 #[repr(C)]
@@ -68,6 +48,7 @@ pub struct TraceRec {
 /// One launch of the step: its blocks' times in us from the step's start.
 #[derive(Clone, Debug)]
 pub struct TraceLaunch {
+    /// the kernel's name (its row of the kernel table; "?" for an unknown id)
     pub kernel: &'static str,
     pub blocks: usize,
     pub start: (f64, f64),
@@ -96,7 +77,7 @@ impl TraceBufs {
                 use cudarc::driver::DevicePtr;
                 let v = m
                     .get_global(name, &gpu.stream)
-                    .map_err(|e| anyhow!("LILY_TRACE: {name}: {e:?}"))?;
+                    .map_err(|e| anyhow!("the trace build: {name}: {e:?}"))?;
                 let p = v.device_ptr(&gpu.stream).0;
                 Ok(p)
             };
@@ -110,7 +91,7 @@ impl TraceBufs {
 }
 
 impl Gpu {
-    /// Whether the kernels were built with LILY_TRACE.
+    /// Whether the kernels are the trace build.
     pub fn tracing(&self) -> bool {
         self.trace.is_some()
     }
@@ -144,7 +125,8 @@ impl Gpu {
 /// `trace_records` gives them; from the step's first kernel, its embedding
 /// lookup, to the end), in order.
 pub fn last_step(recs: &[TraceRec]) -> Vec<TraceLaunch> {
-    let Some(first) = recs.iter().rposition(|x| x.kid == TK_EMBED) else {
+    let embed = Kernel::Embed.info().trace;
+    let Some(first) = recs.iter().rposition(|x| x.kid == embed) else {
         return Vec::new();
     };
     let r = &recs[first..];
@@ -167,7 +149,7 @@ pub fn last_step(recs: &[TraceRec]) -> Vec<TraceLaunch> {
             (!v.is_empty()).then(|| (us(*v.iter().min().unwrap()), us(*v.iter().max().unwrap())))
         };
         out.push(TraceLaunch {
-            kernel: TRACE_KERNELS.get(r[i].kid as usize).copied().unwrap_or("?"),
+            kernel: Kernel::traced(r[i].kid).map_or("?", |k| k.info().name),
             blocks: g.len(),
             start: min_max(&|x| x.t0),
             wait: first_last(&|x| x.t1),
@@ -235,18 +217,18 @@ mod tests {
         ];
         let l = last_step(&recs);
         assert_eq!(l.len(), 3);
-        assert_eq!((l[0].kernel, l[0].blocks), ("embed", 1));
-        assert_eq!((l[1].kernel, l[1].blocks), ("gemv3 (in proj)", 2));
+        assert_eq!((l[0].kernel, l[0].blocks), ("embed_kernel", 1));
+        assert_eq!((l[1].kernel, l[1].blocks), ("gemv3_kernel", 2));
         assert_eq!(l[1].start, (0.04, 0.05));
         assert_eq!(l[1].wait, Some((0.11, 0.12)));
         assert_eq!(l[1].exit, (1.0, 1.1));
-        assert_eq!(l[2].kernel, "gdn core");
+        assert_eq!(l[2].kernel, "gdn_decode_kernel");
         assert_eq!(l[2].wait, Some((1.2, 1.2)));
         assert_eq!((l[1].mark, l[2].mark), (None, Some((1.3, 1.4))));
         let csv = launches_csv(&l);
         assert_eq!(
             csv.lines().nth(3).unwrap(),
-            "2,gdn core,2,0.900,0.950,1.200,1.200,1.500,1.600,1.300,1.400"
+            "2,gdn_decode_kernel,2,0.900,0.950,1.200,1.200,1.500,1.600,1.300,1.400"
         );
         assert!(csv.lines().nth(2).unwrap().ends_with(",1.000,1.100,,"));
     }
@@ -264,7 +246,14 @@ mod tests {
         ];
         let l = last_step(&recs);
         let names: Vec<_> = l.iter().map(|x| (x.kernel, x.blocks)).collect();
-        assert_eq!(names, [("embed", 1), ("down", 2), ("gemv3 (in proj)", 2)]);
+        assert_eq!(
+            names,
+            [
+                ("embed_kernel", 1),
+                ("moe_down_norm_kernel", 2),
+                ("gemv3_kernel", 2)
+            ]
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use lily_model::tensor::{widen, Storage};
 use lily_model::weights::{Ffn, MixerWeights};
 use lily_model::{Config, Mat, Weights};
 
-use crate::gpu::{Arg, DevBuf, Gpu};
+use crate::gpu::{DevBuf, Gpu};
 
 pub struct DevAttention {
     /// [Hq * Dh * 2, D]
@@ -132,21 +132,8 @@ impl Uploader<'_> {
         let start = m.row0 * m.cols;
         match &m.t.storage {
             Storage::Procedural(p) | Storage::ProceduralRows(p) => {
-                let mut args = vec![
-                    Arg::Ptr(dst),
-                    Arg::U64(n as u64),
-                    Arg::U64(start as u64),
-                    Arg::U64(p.seed),
-                    Arg::F32(p.mean),
-                    Arg::F32(p.std),
-                ];
-                let kernel = if matches!(m.t.storage, Storage::ProceduralRows(_)) {
-                    args.push(Arg::U64(m.cols as u64));
-                    "procedural_rows_fill_kernel"
-                } else {
-                    "procedural_fill_kernel"
-                };
-                self.gpu.launch(kernel, (1024, 1, 1), (256, 1, 1), 0, &args)
+                let rows_of = matches!(m.t.storage, Storage::ProceduralRows(_)).then_some(m.cols);
+                crate::kernels::embed::procedural_fill(self.gpu, dst, *p, start, n, rows_of)
             }
             Storage::Bytes { .. } => {
                 let bytes = m.t.bytes().unwrap();
@@ -224,7 +211,7 @@ pub fn upload(
         );
     }
     // the fused GDN decode kernel's shapes (Dv 128, conv width 4, Hv / Hk 1 or 2)
-    crate::gdn::gdn_decode_check(
+    crate::kernels::gdn::gdn_decode_check(
         cfg.linear_num_key_heads,
         cfg.linear_num_value_heads,
         cfg.linear_key_head_dim,

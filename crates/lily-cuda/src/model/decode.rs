@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use anyhow::{bail, Context, Result};
 
 use super::{CudaModel, CudaState};
-use crate::sampling::{sample_into, GpuSampleParams};
+use crate::kernels::sampling::{sample_into, GpuSampleParams};
 
 /// A captured decode step. The graph refers to this state's buffers and the
 /// model's scratch; it is only launched from the thread that owns the state.

@@ -8,8 +8,19 @@ use super::bytes::{
     moe_gate_up_bytes,
 };
 use super::{moe_dims, CudaModel, CudaState};
-use crate::gpu::{Arg, DevBuf};
-use crate::sampling::{greedy_finish, greedy_lm_head};
+use crate::gpu::DevBuf;
+use crate::kernels::attention::{
+    attention, attention_decode, qk_prep, Attend, Heads, QkPrep, Rope,
+};
+use crate::kernels::embed::embed;
+use crate::kernels::gdn::{conv_silu, gdn_decode, GdnDecode};
+use crate::kernels::gdn_chunked::gdn_chunked_prefill;
+use crate::kernels::gemv::{gemv, gemv3, gemv_add, Normed, Projection};
+use crate::kernels::moe::{
+    moe_down_norm, moe_gate_up, router_decode, router_topk, DownNorm, GateUp, PREFETCHED_HIDDEN,
+};
+use crate::kernels::norm::{add_rmsnorm, gated_rmsnorm};
+use crate::kernels::sampling::{greedy_finish, greedy_lm_head};
 use crate::weights::{DevLayer, DevMixer};
 
 impl CudaModel {
@@ -17,19 +28,7 @@ impl CudaModel {
     fn linear(&self, x: u64, w: &DevBuf, y: u64, t: usize, n: usize, k: usize) -> Result<()> {
         debug_assert_eq!(w.bytes, n * k * 2);
         if t == 1 {
-            self.gpu.launch(
-                "gemv_kernel",
-                (n.div_ceil(8) as u32, 1, 1),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(w.ptr),
-                    Arg::Ptr(x),
-                    Arg::Ptr(y),
-                    Arg::I32(n as i32),
-                    Arg::I32(k as i32),
-                ],
-            )
+            gemv(&self.gpu, w, x, y, n, k)
         } else {
             self.gpu.gemm_bf16_f32(x, w.ptr, y, t, n, k)
         }
@@ -53,52 +52,25 @@ impl CudaModel {
             }
             return Ok(());
         }
-        let rows: usize = p.iter().map(|e| e.2).sum();
-        let mut args = vec![Arg::Ptr(x), Arg::I32(k as i32)];
-        for (w, y, n) in p {
-            debug_assert_eq!(w.bytes, n * k * 2);
-            args.extend([Arg::Ptr(w.ptr), Arg::Ptr(y), Arg::I32(n as i32)]);
-        }
         // the layer's first decode kernel: it resets the layer's flags
-        let clear = if self.opts.route_slot || self.opts.gdn_signal {
-            self.s.flags.ptr
-        } else {
-            0
-        };
         self.flags_cleared
             .store(!self.gpu.skipping(), std::sync::atomic::Ordering::Relaxed);
-        args.extend([
-            Arg::Ptr(self.s.x.ptr),
-            Arg::Ptr(norm.ptr),
-            Arg::F32(self.cfg.rms_norm_eps),
-            Arg::Ptr(clear),
-            Arg::I32((super::FLAG_BYTES / 8) as i32),
-        ]);
-        self.gpu.launch(
-            "gemv3_kernel",
-            (rows.div_ceil(8) as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &args,
+        gemv3(
+            &self.gpu,
+            Normed {
+                x: self.s.x.ptr,
+                w1p: norm.ptr,
+                eps: self.cfg.rms_norm_eps,
+            },
+            k,
+            p.map(|(w, y, rows)| Projection { w, y, rows }),
+            Some((self.s.flags.ptr, super::FLAG_BYTES / 8)),
         )
     }
 
     fn add_norm(&self, x: u64, delta: Option<u64>, w: &DevBuf, out: u64, t: usize) -> Result<()> {
         let d = self.cfg.hidden_size;
-        self.gpu.launch(
-            "add_rmsnorm_kernel",
-            (t as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(x),
-                Arg::Ptr(delta.unwrap_or(0)),
-                Arg::Ptr(w.ptr),
-                Arg::Ptr(out),
-                Arg::I32(d as i32),
-                Arg::F32(self.cfg.rms_norm_eps),
-            ],
-        )
+        add_rmsnorm(&self.gpu, x, delta, w.ptr, out, t, d, self.cfg.rms_norm_eps)
     }
 
     /// Run T tokens (their ids at device address `ids`: `s.ids` for prefill,
@@ -109,18 +81,7 @@ impl CudaModel {
         let g = &self.gpu;
         let s = &self.s;
         let d = cfg.hidden_size;
-        g.launch(
-            "embed_kernel",
-            (t as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(self.w.embed.ptr),
-                Arg::Ptr(ids),
-                Arg::Ptr(s.x.ptr),
-                Arg::I32(d as i32),
-            ],
-        )?;
+        embed(g, self.w.embed.ptr, ids, s.x.ptr, t, d)?;
         let norm_bytes = (d * 4 * 3 + d * 2) as u64;
         self.mark("embed", (d * 2 + d * 4) as u64)?;
         // One decode token: each RMSNorm is computed by the blocks of the
@@ -174,76 +135,51 @@ impl CudaModel {
             &lw.input_norm,
         )?;
         self.mark("attn qkv proj", (a.q.bytes + a.k.bytes + a.v.bytes) as u64)?;
-        let gated = cfg.attn_output_gate as i32;
-        g.launch(
-            "qk_prep_kernel",
-            (t as u32, (hq + hkv) as u32, 1),
-            (dh as u32, 1, 1),
-            0,
-            &[
-                Arg::Ptr(s.big.ptr),
-                Arg::Ptr(s.k.ptr),
-                Arg::Ptr(s.v.ptr),
-                Arg::Ptr(a.q_norm.ptr),
-                Arg::Ptr(a.k_norm.ptr),
-                Arg::Ptr(s.pos.ptr),
-                Arg::Ptr(s.q.ptr),
-                Arg::Ptr(kv.0.ptr),
-                Arg::Ptr(kv.1.ptr),
-                Arg::I32(hq as i32),
-                Arg::I32(hkv as i32),
-                Arg::I32(dh as i32),
-                Arg::I32(cfg.rotary_dim as i32),
-                Arg::F32(cfg.rope_theta as f32),
-                Arg::F32(cfg.rms_norm_eps),
-                Arg::I32(gated),
-            ],
+        let gated = cfg.attn_output_gate;
+        let heads = Heads { hq, hkv, dh };
+        qk_prep(
+            g,
+            &QkPrep {
+                qg: s.big.ptr,
+                k: s.k.ptr,
+                v: s.v.ptr,
+                q_norm: a.q_norm.ptr,
+                k_norm: a.k_norm.ptr,
+                pos: s.pos.ptr,
+                q_out: s.q.ptr,
+                kcache: kv.0.ptr,
+                vcache: kv.1.ptr,
+            },
+            heads,
+            Rope {
+                rotary_dim: cfg.rotary_dim,
+                theta: cfg.rope_theta as f32,
+                eps: cfg.rms_norm_eps,
+            },
+            gated,
+            t,
         )?;
         self.mark("attn qk prep", attention_prep_bytes(cfg))?;
+        let at = Attend {
+            q: s.q.ptr,
+            kcache: kv.0.ptr,
+            vcache: kv.1.ptr,
+            qg: s.big.ptr,
+            pos: s.pos.ptr,
+            out: s.h.ptr,
+        };
+        let scale = (dh as f32).powf(-0.5);
         if t == 1 {
             // decode: split-K over the cache (flash decoding), then a merge
-            crate::attention::attention_decode(
-                g,
-                s.q.ptr,
-                kv.0.ptr,
-                kv.1.ptr,
-                s.big.ptr,
-                s.pos.ptr,
-                s.h.ptr,
-                s.att.ptr,
-                self.att_splits,
-                hq,
-                hkv,
-                dh,
-                (dh as f32).powf(-0.5),
-                gated != 0,
-            )?;
+            attention_decode(g, &at, heads, scale, gated, s.att.ptr, self.att_splits)?;
         } else {
-            g.launch(
-                "attention_kernel",
-                (t as u32, hq as u32, 1),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(s.q.ptr),
-                    Arg::Ptr(kv.0.ptr),
-                    Arg::Ptr(kv.1.ptr),
-                    Arg::Ptr(s.big.ptr),
-                    Arg::Ptr(s.pos.ptr),
-                    Arg::Ptr(s.h.ptr),
-                    Arg::I32(hq as i32),
-                    Arg::I32(hkv as i32),
-                    Arg::I32(dh as i32),
-                    Arg::F32((dh as f32).powf(-0.5)),
-                    Arg::I32(gated),
-                ],
-            )?;
+            attention(g, &at, heads, scale, gated, t)?;
         }
         self.mark(
             "attn core",
             attention_core_bytes(cfg, self.prof_pos()) - attention_prep_bytes(cfg),
         )?;
-        self.out_proj(&a.o, hq * dh, t, None)?;
+        self.out_proj(&a.o, hq * dh, t)?;
         self.mark("attn o proj", a.o.bytes as u64)
     }
 
@@ -272,49 +208,32 @@ impl CudaModel {
             &lw.input_norm,
         )?;
         self.mark("gdn in proj", (w.qkv.bytes + w.z.bytes + w.ba.bytes) as u64)?;
-        // decode: the core counts its blocks done in the layer's flags, and
-        // the output projection starts on the count
-        let done = (t == 1 && self.opts.gdn_signal && self.flags_usable())
-            .then_some(s.flags.ptr + super::GDN_DONE_OFFSET);
         if t == 1 {
             // decode: conv, recurrence step and gated norm in one kernel
-            crate::gdn::gdn_decode(
+            gdn_decode(
                 g,
-                s.big.ptr,
-                st.0.ptr,
-                w.conv.ptr,
-                s.ba.ptr,
-                w.a_log.ptr,
-                w.dt_bias.ptr,
-                s.z.ptr,
-                w.norm.ptr,
-                st.1.ptr,
-                s.h.ptr,
+                &GdnDecode {
+                    mixed: s.big.ptr,
+                    conv_state: st.0.ptr,
+                    conv_w: w.conv.ptr,
+                    ba: s.ba.ptr,
+                    a_log: w.a_log.ptr,
+                    dt_bias: w.dt_bias.ptr,
+                    z: s.z.ptr,
+                    norm_w: w.norm.ptr,
+                    state: st.1.ptr,
+                    out: s.h.ptr,
+                },
                 hk,
                 hv,
                 dv,
                 cfg.rms_norm_eps,
-                done.unwrap_or(0),
             )?;
         } else {
-            g.launch(
-                "conv_silu_kernel",
-                (c.div_ceil(128) as u32, 1, 1),
-                (128, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(s.big.ptr),
-                    Arg::Ptr(st.0.ptr),
-                    Arg::Ptr(w.conv.ptr),
-                    Arg::Ptr(s.conv.ptr),
-                    Arg::I32(t as i32),
-                    Arg::I32(c as i32),
-                    Arg::I32(wd as i32),
-                ],
-            )?;
+            conv_silu(g, s.big.ptr, st.0.ptr, w.conv.ptr, s.conv.ptr, t, c, wd)?;
             self.mark("gdn conv", gdn_conv_bytes(cfg))?;
             // prefill: the chunked (UT-transform) form, parallel over chunks
-            crate::gdn::gdn_chunked_prefill(
+            gdn_chunked_prefill(
                 g,
                 Some(&s.gdn),
                 s.conv.ptr,
@@ -328,180 +247,92 @@ impl CudaModel {
                 hv,
                 dv,
             )?;
-            g.launch(
-                "gated_rmsnorm_kernel",
-                ((t * hv) as u32, 1, 1),
-                (dv as u32, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(s.q.ptr),
-                    Arg::Ptr(s.z.ptr),
-                    Arg::Ptr(w.norm.ptr),
-                    Arg::Ptr(s.h.ptr),
-                    Arg::I32(dv as i32),
-                    Arg::F32(cfg.rms_norm_eps),
-                ],
+            gated_rmsnorm(
+                g,
+                s.q.ptr,
+                s.z.ptr,
+                w.norm.ptr,
+                s.h.ptr,
+                t * hv,
+                dv,
+                cfg.rms_norm_eps,
             )?;
         }
         // (decode: the conv runs inside the core kernel)
         let conv = if t == 1 { 0 } else { gdn_conv_bytes(cfg) };
         self.mark("gdn core", gdn_core_bytes(cfg) - conv)?;
-        let ready = done.map(|p| (p, crate::gdn::gdn_decode_blocks(hv)));
-        self.out_proj(&w.out, hv * dv, t, ready)?;
+        self.out_proj(&w.out, hv * dv, t)?;
         self.mark("gdn out proj", w.out.bytes as u64)
-    }
-
-    pub(super) fn silu_mul(&self, y: u64, out: u64, rows: usize, f: usize) -> Result<()> {
-        self.gpu.launch(
-            "moe_silu_mul_kernel",
-            (((rows * f).div_ceil(256)).min(65_535) as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(y),
-                Arg::Ptr(out),
-                Arg::U64(rows as u64),
-                Arg::I32(f as i32),
-            ],
-        )
     }
 
     /// A mixer's output projection h[T, k] -> delta[T, D]; for one decode
     /// token with the residual add fused in (x += W h; the router and the
     /// experts norm x themselves), which prefill runs as its own kernel.
-    /// `ready`: (count, n), h's producer's early signal (gemv.cu input_wait).
-    fn out_proj(&self, w: &DevBuf, k: usize, t: usize, ready: Option<(u64, u32)>) -> Result<()> {
+    fn out_proj(&self, w: &DevBuf, k: usize, t: usize) -> Result<()> {
         let (d, s) = (self.cfg.hidden_size, &self.s);
         if t > 1 {
             return self.linear(s.h.ptr, w, s.delta.ptr, t, d, k);
         }
-        self.gpu.launch(
-            "gemv_add_norm_kernel",
-            (d.div_ceil(8) as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(w.ptr),
-                Arg::Ptr(s.h.ptr),
-                Arg::Ptr(s.delta.ptr),
-                Arg::I32(d as i32),
-                Arg::I32(k as i32),
-                Arg::Ptr(s.x.ptr),
-                Arg::Ptr(0), // no norm: x += W h
-                Arg::Ptr(s.h.ptr),
-                Arg::F32(self.cfg.rms_norm_eps),
-                Arg::Ptr(s.counter.ptr),
-                Arg::Ptr(ready.map_or(0, |r| r.0)),
-                Arg::I32(ready.map_or(0, |r| r.1 as i32)),
-            ],
-        )
+        gemv_add(&self.gpu, w, s.h.ptr, s.x.ptr, d, k)
     }
 
     /// The MoE block. A decode token's router norms the residual stream
     /// itself (`post_norm`, every block) and writes the normed input to `s.h`
     /// for the gate/up products; each gate/up block takes the top-K of the
     /// router's logits itself, and one publishes it with the weights in the
-    /// route slot for the down product's blocks (`CudaOptions::route_slot`);
-    /// `final_norm` (after the last layer) runs in the down product's last
-    /// block, into `s.h`.
+    /// route slot for the down product's blocks; `final_norm` (after the last
+    /// layer) runs in the down product's last block, into `s.h`.
     fn moe(&self, lw: &DevLayer, t: usize, final_norm: Option<&DevBuf>) -> Result<()> {
         let (cfg, g, s) = (&self.cfg, &self.gpu, &self.s);
-        let (d, e, k, f, fs) = moe_dims(cfg);
+        let dims = moe_dims(cfg);
+        let (d, e, k) = (dims.d, dims.e, dims.k);
         if t == 1 {
-            g.launch(
-                "router_decode_kernel",
-                ((e + 1).div_ceil(8) as u32, 1, 1),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(lw.router.ptr),
-                    Arg::Ptr(s.h.ptr),
-                    Arg::Ptr(s.rl.ptr),
-                    Arg::I32(d as i32),
-                    Arg::I32(e as i32),
-                    Arg::Ptr(s.x.ptr),
-                    Arg::Ptr(lw.post_norm.ptr),
-                    Arg::F32(cfg.rms_norm_eps),
-                    Arg::Ptr(s.h.ptr), // the normed input, for the gate/up products
-                ],
-            )?;
+            let input = Normed {
+                x: s.x.ptr,
+                w1p: lw.post_norm.ptr,
+                eps: cfg.rms_norm_eps,
+            };
+            router_decode(g, &lw.router, input, s.rl.ptr, d, e, s.h.ptr)?;
         } else {
             self.linear(s.h.ptr, &lw.router, s.rl.ptr, t, e + 1, d)?;
-            g.launch(
-                "router_topk_kernel",
-                (t.div_ceil(8) as u32, 1, 1),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(s.rl.ptr),
-                    Arg::I32(t as i32),
-                    Arg::I32(e as i32),
-                    Arg::I32(k as i32),
-                    Arg::Ptr(s.idx.ptr),
-                    Arg::Ptr(s.wts.ptr),
-                ],
-            )?;
+            router_topk(g, s.rl.ptr, t, e, k, s.idx.ptr, s.wts.ptr)?;
         }
         self.mark("moe router", lw.router.bytes as u64)?;
         if t > 1 {
             self.moe_grouped(lw, t)?;
             return self.mark("moe experts", moe_expert_bytes(cfg));
         }
-        let fmax = f.max(fs);
-        // the shared down matrix asked into L2 by gate/up (CudaOptions::l2_ahead)
-        let ahead = self.opts.l2_ahead.then_some(&lw.shared_down);
-        // the routing published by gate/up for down (the D = 2048 path)
-        let route = if self.opts.route_slot && d == 2048 && self.flags_usable() {
-            s.flags.ptr
-        } else {
-            0
-        };
-        g.launch(
-            "moe_gate_up_kernel",
-            (fmax.div_ceil(8) as u32, (k + 1) as u32, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(s.h.ptr),
-                Arg::Ptr(lw.gate_up.ptr),
-                Arg::Ptr(lw.shared_gate_up.ptr),
-                Arg::Ptr(s.idx.ptr),
-                Arg::Ptr(s.moe_h.ptr),
-                Arg::I32(d as i32),
-                Arg::I32(f as i32),
-                Arg::I32(fs as i32),
-                Arg::I32(k as i32),
-                Arg::Ptr(s.rl.ptr), // each block routes from the logits
-                Arg::I32(e as i32),
-                Arg::Ptr(route),
-                Arg::Ptr(ahead.map_or(0, |b| b.ptr)),
-                Arg::U64(ahead.map_or(0, |b| b.bytes as u64)),
-            ],
+        // the routing published by gate/up for down (the d = 2048 path; not
+        // in an ablation capture that drops the flags' clearing)
+        let route = (d == PREFETCHED_HIDDEN && self.flags_usable()).then_some(s.flags.ptr);
+        moe_gate_up(
+            g,
+            dims,
+            &GateUp {
+                x: s.h.ptr,
+                gate_up: &lw.gate_up,
+                shared_gate_up: &lw.shared_gate_up,
+                logits: s.rl.ptr,
+                h: s.moe_h.ptr,
+                route,
+                ahead: Some(&lw.shared_down),
+            },
         )?;
         self.mark("moe gate/up", moe_gate_up_bytes(cfg))?;
         // one decode token: the final RMSNorm fused into the last down product
-        g.launch(
-            "moe_down_norm_kernel",
-            (d.div_ceil(8) as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(s.moe_h.ptr),
-                Arg::Ptr(lw.down.ptr),
-                Arg::Ptr(lw.shared_down.ptr),
-                Arg::Ptr(s.rl.ptr),
-                Arg::I32(e as i32),
-                Arg::Ptr(s.x.ptr),
-                Arg::I32(d as i32),
-                Arg::I32(f as i32),
-                Arg::I32(fs as i32),
-                Arg::I32(k as i32),
-                Arg::Ptr(final_norm.map_or(0, |n| n.ptr)),
-                Arg::Ptr(s.h.ptr),
-                Arg::F32(cfg.rms_norm_eps),
-                Arg::Ptr(s.counter.ptr),
-                Arg::Ptr(route),
-            ],
+        moe_down_norm(
+            g,
+            dims,
+            &DownNorm {
+                h: s.moe_h.ptr,
+                down: &lw.down,
+                shared_down: &lw.shared_down,
+                logits: s.rl.ptr,
+                x: s.x.ptr,
+                final_norm: final_norm.map(|n| (n.ptr, s.h.ptr, cfg.rms_norm_eps)),
+                counter: s.counter.ptr,
+                route,
+            },
         )?;
         self.mark("moe down", moe_expert_bytes(cfg) - moe_gate_up_bytes(cfg))
     }
@@ -533,7 +364,7 @@ impl CudaModel {
             Some(hs) => hs.launch(g, self.w.lm_head.ptr, s.h.ptr, s.valid.ptr, s.best.ptr)?,
             None => greedy_lm_head(
                 g,
-                self.w.lm_head.ptr,
+                &self.w.lm_head,
                 s.h.ptr,
                 s.logits.ptr,
                 v,

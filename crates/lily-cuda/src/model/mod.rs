@@ -21,39 +21,51 @@ use lily_model::{Config, LayerKind, Weights};
 use self::bytes::gib;
 use self::decode::StepGraph;
 use crate::gpu::{DevBuf, Gpu};
-use crate::lm_head::HeadScreen;
+use crate::kernels::attention::{attention_decode_scratch_bytes, attention_decode_splits};
+use crate::kernels::gdn_chunked::gdn_chunked_scratch_bytes;
+use crate::kernels::lm_head::HeadScreen;
+use crate::kernels::moe::MoeDims;
 use crate::weights::{upload, weight_bytes, DevWeights};
 
+/// How a greedy decode step picks its token.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GreedyHead {
+    /// Through an int8 copy of the lm_head (kernels/lm_head.cu): the same id
+    /// as the full product's argmax, bit for bit, from half of its bytes;
+    /// the copy costs vocab x hidden bytes of GPU memory. Models whose hidden
+    /// size the screen kernels are not written for take the full product.
+    #[default]
+    Screen,
+    /// The full bf16 product, then its argmax.
+    Full,
+}
+
+impl std::str::FromStr for GreedyHead {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<GreedyHead> {
+        Ok(match s {
+            "screen" => GreedyHead::Screen,
+            "full" => GreedyHead::Full,
+            other => bail!("unknown greedy head {other:?} (screen or full)"),
+        })
+    }
+}
+
+/// The CUDA model's settings: plain data, built by the caller (the CLI from
+/// its flags, tests explicitly); `Default` is the product setting.
 #[derive(Clone, Debug)]
 pub struct CudaOptions {
     /// KV cache length (tokens) preallocated per sequence
     pub max_seq: usize,
     /// Most tokens one prefill launch sequence handles; longer prompts go in pieces
     pub prefill_chunk: usize,
+    /// How greedy decode steps pick their token; steps that need the logits
+    /// (sampling, log-probabilities) always run the full product
+    pub greedy_head: GreedyHead,
     /// Replay each sequence's decode step from a captured CUDA graph (one
     /// launch instead of ~400); off only to measure what the graph saves
-    /// (`LILY_CUDA_GRAPH=0`)
+    /// (`lily bench --eager`)
     pub graphs: bool,
-    /// One MoE layer's routing computed once and published by a gate/up block
-    /// for the down product's blocks (moe.cu `RouteSlot`); off
-    /// (`LILY_ROUTE_SLOT=0`) each down block takes the top-K itself
-    pub route_slot: bool,
-    /// The GDN core counts its blocks as their output is written, and the
-    /// output projection starts on that count instead of the core's
-    /// completion (which waits for its 2 MB of state stores). Off by default
-    /// (`LILY_GDN_SIGNAL=1` turns it on): same output, and measured no faster
-    /// (H100, 16th session: 0.1-0.25% slower in four same-call pairs)
-    pub gdn_signal: bool,
-    /// Greedy decode steps pick their token through an int8 copy of the
-    /// lm_head (kernels/lm_head.cu): the same id as the full product's
-    /// argmax, from half of its bytes; steps that need the logits take
-    /// the full product. `LILY_HEAD_SCREEN=0` turns it off (the copy costs
-    /// vocab x hidden bytes of GPU memory)
-    pub head_screen: bool,
-    /// The shared expert's gate/up blocks ask its down matrix into L2 while
-    /// the router and the top-K leave the DRAM idle (moe.cu);
-    /// `LILY_L2_AHEAD=0` turns it off
-    pub l2_ahead: bool,
 }
 
 impl Default for CudaOptions {
@@ -61,21 +73,8 @@ impl Default for CudaOptions {
         CudaOptions {
             max_seq: 32_768,
             prefill_chunk: 4096,
-            graphs: std::env::var("LILY_CUDA_GRAPH")
-                .map(|v| v != "0")
-                .unwrap_or(true),
-            route_slot: std::env::var("LILY_ROUTE_SLOT")
-                .map(|v| v != "0")
-                .unwrap_or(true),
-            gdn_signal: std::env::var("LILY_GDN_SIGNAL")
-                .map(|v| v != "0")
-                .unwrap_or(false),
-            head_screen: std::env::var("LILY_HEAD_SCREEN")
-                .map(|v| v != "0")
-                .unwrap_or(true),
-            l2_ahead: std::env::var("LILY_L2_AHEAD")
-                .map(|v| v != "0")
-                .unwrap_or(true),
+            greedy_head: GreedyHead::Screen,
+            graphs: true,
         }
     }
 }
@@ -96,11 +95,9 @@ pub struct CudaState {
     last: Option<u32>,
 }
 
-/// A decode layer's flags (`s.flags`), which its first kernel
-/// (`gemv3_kernel`) clears, all 32 u64 words: moe.cu's `RouteSlot` in its
-/// first 76 bytes, the GDN core's count of blocks done at `GDN_DONE_OFFSET`.
-const FLAG_BYTES: usize = 256;
-const GDN_DONE_OFFSET: u64 = 192;
+/// A decode layer's flags (`s.flags`), which its first kernel (`gemv3`)
+/// clears: moe.cu's `RouteSlot`, rounded up to whole u64 words.
+const FLAG_BYTES: usize = crate::kernels::moe::ROUTE_SLOT_BYTES.next_multiple_of(8);
 
 /// Activation buffers for up to `prefill_chunk` tokens.
 struct Scratch {
@@ -146,21 +143,20 @@ struct Grouped {
     osh: DevBuf,     // [T, D] f32 shared expert output
 }
 
-/// The MoE sizes every expert launch needs: (hidden D, experts E, routed K,
-/// expert width F, shared expert width Fs).
-fn moe_dims(cfg: &Config) -> (usize, usize, usize, usize, usize) {
-    (
-        cfg.hidden_size,
-        cfg.num_experts,
-        cfg.num_experts_per_tok,
-        cfg.moe_intermediate_size,
-        cfg.shared_expert_intermediate_size,
-    )
+/// The MoE sizes every expert launch needs.
+fn moe_dims(cfg: &Config) -> MoeDims {
+    MoeDims {
+        d: cfg.hidden_size,
+        e: cfg.num_experts,
+        k: cfg.num_experts_per_tok,
+        f: cfg.moe_intermediate_size,
+        fs: cfg.shared_expert_intermediate_size,
+    }
 }
 
 /// Bytes of the grouped-GEMM MoE buffers for chunks of `t` tokens.
 fn grouped_bytes(cfg: &Config, t: usize) -> usize {
-    let (d, e, k, f, fs) = moe_dims(cfg);
+    let MoeDims { d, e, k, f, fs } = moe_dims(cfg);
     let pairs = t * k;
     2 * e * 4
         + 2 * pairs * 4
@@ -194,18 +190,8 @@ pub struct CudaModel {
     /// Whether the current layer's first decode launch (which clears its
     /// flags) was recorded, i.e. not dropped by an ablation capture.
     flags_cleared: std::sync::atomic::AtomicBool,
-    /// The screened greedy lm_head's buffers (`CudaOptions::head_screen`)
+    /// The screened greedy lm_head's buffers (`GreedyHead::Screen`)
     screen: Option<HeadScreen>,
-}
-
-/// The decode attention's split count: `attention_decode_splits`' rule, or
-/// `LILY_ATTN_SPLITS` (1..=1024) to measure another.
-fn decode_splits(max_seq: usize) -> usize {
-    std::env::var("LILY_ATTN_SPLITS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .map(|n| n.clamp(1, crate::attention::ATTENTION_DECODE_MAX_SPLITS))
-        .unwrap_or_else(|| crate::attention::attention_decode_splits(max_seq))
 }
 
 /// Device memory a model needs, in bytes: (weights, per-sequence state, activations).
@@ -250,11 +236,11 @@ pub fn memory_estimate(cfg: &Config, opts: &CudaOptions) -> (usize, usize, usize
         + t * (kk + 1) * 4
         + (kk + 1) * fmax * 2
         + cfg.vocab_size * 4
-        + crate::gdn::gdn_chunked_scratch_bytes(t, hv, dv)
-        + crate::attention::attention_decode_scratch_bytes(hq, dh, decode_splits(opts.max_seq))
+        + gdn_chunked_scratch_bytes(t, hv, dv)
+        + attention_decode_scratch_bytes(hq, dh, attention_decode_splits(opts.max_seq))
         + grouped_bytes(cfg, t);
     (
-        weight_bytes(cfg) + HeadScreen::bytes_for(cfg, opts.head_screen),
+        weight_bytes(cfg) + HeadScreen::bytes_for(cfg, opts.greedy_head == GreedyHead::Screen),
         state,
         act,
     )
@@ -288,7 +274,7 @@ impl CudaModel {
         // keep 512 MiB for cuBLAS workspaces and the driver
         if wb + sb + ab + (512 << 20) > free {
             bail!(
-                "not enough GPU memory: the model needs {:.1} GiB (weights {:.1} + state {:.2} for --max-seq {} + activations {:.2}) but {:.1} GiB are free on {}; lower --max-seq, set LILY_HEAD_SCREEN=0 (the greedy lm_head's int8 copy, {:.2} GiB) or free the GPU",
+                "not enough GPU memory: the model needs {:.1} GiB (weights {:.1} + state {:.2} for --max-seq {} + activations {:.2}) but {:.1} GiB are free on {}; lower --max-seq, use --greedy-head full (no int8 copy of the lm_head, {:.2} GiB) or free the GPU",
                 gib(wb + sb + ab),
                 gib(wb),
                 gib(sb),
@@ -296,7 +282,7 @@ impl CudaModel {
                 gib(ab),
                 gib(free),
                 gpu.name,
-                gib(HeadScreen::bytes_for(&cfg, opts.head_screen))
+                gib(HeadScreen::bytes_for(&cfg, opts.greedy_head == GreedyHead::Screen))
             );
         }
         let t0 = std::time::Instant::now();
@@ -310,12 +296,12 @@ impl CudaModel {
         };
         let dw = upload(&gpu, &cfg, w, &progress)?;
         let s = Self::scratch(&gpu, &cfg, &opts)?;
-        let screen = if HeadScreen::applies(&cfg, opts.head_screen) {
+        let screen = if HeadScreen::applies(&cfg, opts.greedy_head == GreedyHead::Screen) {
             Some(HeadScreen::build(&gpu, dw.lm_head.ptr, cfg.vocab_size)?)
         } else {
             None
         };
-        let att_splits = decode_splits(opts.max_seq);
+        let att_splits = attention_decode_splits(opts.max_seq);
         Ok(CudaModel {
             gpu,
             cfg,
@@ -336,7 +322,7 @@ impl CudaModel {
     }
 
     /// Whether greedy decode steps pick through the screened lm_head
-    /// (`CudaOptions::head_screen`, kernels/lm_head.cu).
+    /// (`GreedyHead::Screen` on a model the screen kernels cover).
     pub fn head_screened(&self) -> bool {
         self.screen.is_some()
     }
@@ -395,11 +381,11 @@ impl CudaModel {
                 gpu.zero(r.ptr, FLAG_BYTES)?;
                 r
             },
-            gdn: gpu.alloc(crate::gdn::gdn_chunked_scratch_bytes(t, hv, dv))?,
-            att: gpu.alloc(crate::attention::attention_decode_scratch_bytes(
+            gdn: gpu.alloc(gdn_chunked_scratch_bytes(t, hv, dv))?,
+            att: gpu.alloc(attention_decode_scratch_bytes(
                 hq,
                 dh,
-                decode_splits(o.max_seq),
+                attention_decode_splits(o.max_seq),
             ))?,
             grouped: {
                 let (f, fs) = (

@@ -4,7 +4,7 @@
 use anyhow::Result;
 
 use super::{moe_dims, CudaModel};
-use crate::gpu::Arg;
+use crate::kernels::moe::{moe_assign, moe_combine, moe_count, moe_gather, moe_silu_mul, MoeDims};
 use crate::weights::DevLayer;
 
 impl CudaModel {
@@ -15,20 +15,10 @@ impl CudaModel {
     pub(super) fn moe_grouped(&self, lw: &DevLayer, t: usize) -> Result<()> {
         let (cfg, g, s) = (&self.cfg, &self.gpu, &self.s);
         let gr = &s.grouped;
-        let (d, e, k, f, fs) = moe_dims(cfg);
+        let MoeDims { d, e, k, f, fs } = moe_dims(cfg);
         let pairs = t * k;
         g.zero(gr.counts.ptr, e * 4)?;
-        g.launch(
-            "moe_count_kernel",
-            (pairs.div_ceil(256) as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(s.idx.ptr),
-                Arg::I32(pairs as i32),
-                Arg::Ptr(gr.counts.ptr),
-            ],
-        )?;
+        moe_count(g, s.idx.ptr, pairs, gr.counts.ptr)?;
         // the GEMM sizes are needed on the host: one sync per layer of a prefill chunk
         let counts: Vec<i32> = g.download(gr.counts.ptr, e)?;
         let mut offsets = Vec::with_capacity(e);
@@ -38,32 +28,17 @@ impl CudaModel {
             acc += c;
         }
         g.upload(gr.offsets.ptr, &offsets)?;
-        g.launch(
-            "moe_assign_kernel",
-            (e as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(s.idx.ptr),
-                Arg::I32(pairs as i32),
-                Arg::I32(k as i32),
-                Arg::Ptr(gr.offsets.ptr),
-                Arg::Ptr(gr.rowmap.ptr),
-                Arg::Ptr(gr.src.ptr),
-            ],
+        moe_assign(
+            g,
+            s.idx.ptr,
+            pairs,
+            k,
+            e,
+            gr.offsets.ptr,
+            gr.rowmap.ptr,
+            gr.src.ptr,
         )?;
-        g.launch(
-            "moe_gather_kernel",
-            (pairs as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(s.h.ptr),
-                Arg::Ptr(gr.src.ptr),
-                Arg::Ptr(gr.xs.ptr),
-                Arg::I32(d as i32),
-            ],
-        )?;
+        moe_gather(g, s.h.ptr, gr.src.ptr, gr.xs.ptr, pairs, d)?;
         for (x, (&c, &o)) in counts.iter().zip(&offsets).enumerate() {
             if c == 0 {
                 continue;
@@ -78,7 +53,7 @@ impl CudaModel {
                 d,
             )?;
         }
-        self.silu_mul(gr.ys.ptr, gr.hs.ptr, pairs, f)?;
+        moe_silu_mul(g, gr.ys.ptr, gr.hs.ptr, pairs, f)?;
         for (x, (&c, &o)) in counts.iter().zip(&offsets).enumerate() {
             if c == 0 {
                 continue;
@@ -94,22 +69,18 @@ impl CudaModel {
             )?;
         }
         g.gemm_bf16_f32(s.h.ptr, lw.shared_gate_up.ptr, gr.ysh.ptr, t, 2 * fs, d)?;
-        self.silu_mul(gr.ysh.ptr, gr.hsh.ptr, t, fs)?;
+        moe_silu_mul(g, gr.ysh.ptr, gr.hsh.ptr, t, fs)?;
         g.gemm_bf16_f32(gr.hsh.ptr, lw.shared_down.ptr, gr.osh.ptr, t, d, fs)?;
-        g.launch(
-            "moe_combine_kernel",
-            (t as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(gr.ys.ptr),
-                Arg::Ptr(gr.osh.ptr),
-                Arg::Ptr(gr.rowmap.ptr),
-                Arg::Ptr(s.wts.ptr),
-                Arg::Ptr(s.x.ptr),
-                Arg::I32(d as i32),
-                Arg::I32(k as i32),
-            ],
+        moe_combine(
+            g,
+            gr.ys.ptr,
+            gr.osh.ptr,
+            gr.rowmap.ptr,
+            s.wts.ptr,
+            s.x.ptr,
+            t,
+            d,
+            k,
         )
     }
 }

@@ -1,28 +1,24 @@
-//! Helpers shared by the GPU test files (each says `mod support;`): the rule
-//! that a test skips where there is no CUDA, seeded test data, the relative L2
-//! error the tolerances are stated in, bf16 conversions, the procedural fill
-//! launch, and the GDN core's CPU reference and `gdn_recurrent_kernel` launch
-//! that more than one file checks kernels against. One copy here, so the files
-//! cannot drift apart in how they build inputs or measure errors.
+//! Helpers shared by the GPU test files (each says `mod support;`): the GPU
+//! itself, seeded test data, the relative L2 error the tolerances are stated
+//! in, bf16 conversions, and the GDN core's CPU reference that more than one
+//! file checks kernels against. One copy here, so the files cannot drift
+//! apart in how they build inputs or measure errors.
+//!
+//! Every GPU test is `#[ignore = "needs a CUDA GPU"]`: on a machine without
+//! one (CI) it shows as ignored, never as passed; the GPU script runs them
+//! with `--include-ignored`, where a missing or unusable GPU is a failure.
 //!
 //! Every test file is a crate of its own and uses only some of these.
 #![allow(dead_code)]
 
 use lily_cpu::ops::gdn::{l2norm_rows, GdnCore, GdnForm};
 use lily_cpu::ops::{sigmoid, softplus};
-use lily_cuda::gpu::{Arg, Gpu};
+use lily_cuda::gpu::{Gpu, GpuOptions};
 use lily_model::tensor::Procedural;
 
-/// The GPU, or `None` after printing that the test skips (no CUDA here); the
-/// test then returns early and passes.
-pub fn gpu() -> Option<Gpu> {
-    if let Err(e) = lily_cuda::gpu::cuda_available() {
-        eprintln!("skipping: no CUDA ({e})");
-        return None;
-    }
-    // libcuda is here: a failure now (a kernel that does not compile, no
-    // device) is a failure, not a skip.
-    Some(Gpu::new(0).unwrap_or_else(|e| panic!("CUDA present but unusable: {e:#}")))
+/// The GPU with the product's options (a test that runs at all must have one).
+pub fn gpu() -> Gpu {
+    Gpu::new(0, &GpuOptions::default()).unwrap_or_else(|e| panic!("no usable CUDA GPU: {e:#}"))
 }
 
 /// `n` values of the procedural stream `seed`: uniform in
@@ -77,26 +73,6 @@ pub fn round_bf16(v: &[f32]) -> Vec<f32> {
     v.iter()
         .map(|x| half::bf16::from_f32(*x).to_f32())
         .collect()
-}
-
-/// `procedural_fill_kernel`: values `start .. start + n` of the stream `p`,
-/// written as bf16 at `ptr` (the GPU's generator of synthetic weights).
-pub fn procedural_fill(g: &Gpu, ptr: u64, p: Procedural, start: usize, n: usize) {
-    g.launch(
-        "procedural_fill_kernel",
-        (1024, 1, 1),
-        (256, 1, 1),
-        0,
-        &[
-            Arg::Ptr(ptr),
-            Arg::U64(n as u64),
-            Arg::U64(start as u64),
-            Arg::U64(p.seed),
-            Arg::F32(p.mean),
-            Arg::F32(p.std),
-        ],
-    )
-    .unwrap();
 }
 
 // ------------------------------------------------------------------ GDN core
@@ -171,34 +147,4 @@ pub fn gdn_cpu_reference(d: GdnDims, x: &GdnInputs) -> (Vec<f32>, Vec<f32>) {
     let mut s = x.s0.clone();
     let o = core.run(&mut s, GdnForm::Recurrent);
     (o, s)
-}
-
-/// One launch of `gdn_recurrent_kernel` over `t` tokens (no sync), on the
-/// device pointers of the core's operands (see [`GdnInputs`]): the state `s`
-/// is updated in place, `o` gets the output [t, Hv, Dv] in f32.
-pub fn launch_gdn_recurrent(
-    g: &Gpu,
-    d: GdnDims,
-    t: usize,
-    [conv, ba, a_log, dt_bias, s, o]: [u64; 6],
-) {
-    g.launch(
-        "gdn_recurrent_kernel",
-        (d.hv as u32, (d.dv / 32) as u32, 1),
-        (32, 1, 1),
-        0,
-        &[
-            Arg::Ptr(conv),
-            Arg::Ptr(ba),
-            Arg::Ptr(a_log),
-            Arg::Ptr(dt_bias),
-            Arg::Ptr(s),
-            Arg::Ptr(o),
-            Arg::I32(t as i32),
-            Arg::I32(d.hk as i32),
-            Arg::I32(d.hv as i32),
-            Arg::I32(d.dv as i32),
-        ],
-    )
-    .unwrap();
 }

@@ -19,7 +19,9 @@
 
 use anyhow::{bail, Result};
 
-use crate::gpu::{Arg, Gpu};
+use super::gemv::gemv;
+use super::Kernel;
+use crate::gpu::{Arg, DevBuf, Gpu};
 
 /// Threads of the one block both sampling kernels run as (sample_kernel
 /// requires exactly this many).
@@ -101,7 +103,7 @@ pub fn sample_into(
     let block = (SAMPLE_THREADS, 1, 1);
     if p.is_greedy() {
         return gpu.launch(
-            "argmax_kernel",
+            Kernel::Argmax,
             (1, 1, 1),
             block,
             0,
@@ -114,7 +116,7 @@ pub fn sample_into(
         0.0
     };
     gpu.launch(
-        "sample_kernel",
+        Kernel::Sample,
         (1, 1, 1),
         block,
         0,
@@ -132,7 +134,7 @@ pub fn sample_into(
 }
 
 /// The decode step's lm_head and its greedy choice: `y[n] = W[n, k] x`
-/// (bf16 W and x, f32 y; `gemv_kernel`), then the largest of `y[..*valid]`
+/// (bf16 W and x, f32 y; `gemv`), then the largest of `y[..*valid]`
 /// (lowest id on a tie, NaN never) folded into the u64 at `best`
 /// (`argmax_blocks_kernel`, one block per 256 x 4 logits up to 264 blocks),
 /// which must hold 0 before (`greedy_finish` clears it). `valid` is a device
@@ -140,7 +142,7 @@ pub fn sample_into(
 #[allow(clippy::too_many_arguments)]
 pub fn greedy_lm_head(
     gpu: &Gpu,
-    w: u64,
+    w: &DevBuf,
     x: u64,
     y: u64,
     n: usize,
@@ -148,27 +150,12 @@ pub fn greedy_lm_head(
     valid: u64,
     best: u64,
 ) -> Result<()> {
-    if n == 0 || n > i32::MAX as usize || k == 0 || !k.is_multiple_of(8) {
-        bail!("greedy lm_head: {n} rows of {k} (k a positive multiple of 8)");
-    }
     if !y.is_multiple_of(16) {
         bail!("greedy lm_head: the logits must be 16-byte aligned");
     }
+    gemv(gpu, w, x, y, n, k)?;
     gpu.launch(
-        "gemv_kernel",
-        (n.div_ceil(8) as u32, 1, 1),
-        (256, 1, 1),
-        0,
-        &[
-            Arg::Ptr(w),
-            Arg::Ptr(x),
-            Arg::Ptr(y),
-            Arg::I32(n as i32),
-            Arg::I32(k as i32),
-        ],
-    )?;
-    gpu.launch(
-        "argmax_blocks_kernel",
+        Kernel::ArgmaxBlocks,
         (n.div_ceil(1024).min(264) as u32, 1, 1),
         (256, 1, 1),
         0,
@@ -191,7 +178,7 @@ pub fn greedy_finish(
     clear: u64,
 ) -> Result<()> {
     gpu.launch(
-        "argmax_finish_kernel",
+        Kernel::ArgmaxFinish,
         (1, 1, 1),
         (32, 1, 1),
         0,
@@ -243,25 +230,5 @@ mod tests {
         assert!(GpuSampleParams { top_p: 0.0, ..ok }.validate().is_err());
         assert!(GpuSampleParams { min_p: 1.5, ..ok }.validate().is_err());
         assert!(GpuSampleParams { top_k: 1, ..ok }.is_greedy());
-    }
-
-    #[test]
-    fn kernels_are_declared() {
-        let src = crate::gpu::KERNEL_FILES
-            .iter()
-            .find(|(f, _)| *f == "sampling")
-            .unwrap()
-            .1;
-        for name in [
-            "argmax_kernel",
-            "sample_kernel",
-            "argmax_blocks_kernel",
-            "argmax_finish_kernel",
-        ] {
-            assert!(
-                src.contains(&format!("extern \"C\" __global__ void {name}(")),
-                "{name} not found by kernel_names()"
-            );
-        }
     }
 }

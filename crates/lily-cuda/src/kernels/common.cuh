@@ -71,19 +71,11 @@ __device__ __forceinline__ void unpack8(uint4 v, float* out) {
 __device__ __forceinline__ void load8(const bf16* p, float* out) { unpack8(*reinterpret_cast<const uint4*>(p), out); }
 
 // A 16-byte load of a weight: read once a step, never written, so through the
-// non-coherent path, not kept in L1 (nothing reads it again; decode at 32k
-// measured 0.7% faster than with __ldg, BENCHMARKS.md, 7th session), and
-// first out of L2 (evict-first). That policy alone measured no better (7th
-// session; 22nd: -0.2%), but it keeps what gate/up asks into L2 ahead (moe.cu:
+// non-coherent path and not kept in L1 (nothing reads it again), and first
+// out of L2 (evict-first), which keeps what gate/up asks into L2 ahead (moe.cu:
 // the shared expert's down matrix) from being evicted by the expert weights
-// streaming past: together +0.3-0.7% at 4k, -0.3% at 32k (22nd session).
-// LILY_WEIGHT_LOAD (a define gpu.rs passes from LILY_KERNEL_DEFINES) measures
-// the older forms in the same build: 1 without the L2 policy, 0 plain __ldg.
-#ifndef LILY_WEIGHT_LOAD
-#define LILY_WEIGHT_LOAD 2
-#endif
+// streaming past.
 __device__ __forceinline__ uint4 ld_weight16(const void* p) {
-#if LILY_WEIGHT_LOAD == 2
     uint4 v;
     unsigned long long pol;
     asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
@@ -91,15 +83,6 @@ __device__ __forceinline__ uint4 ld_weight16(const void* p) {
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p), "l"(pol));
     return v;
-#elif LILY_WEIGHT_LOAD == 1
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-#else
-    return __ldg(reinterpret_cast<const uint4*>(p));
-#endif
 }
 
 // This block's share (of gridDim.x) of the n bytes at p (16-byte aligned)
@@ -145,14 +128,13 @@ __device__ __forceinline__ float warp_dot_bf16(const bf16* __restrict__ w, const
 }
 
 // The last block to finish of a decode kernel (one whose blocks each wrote a
-// slice of delta, or of x): x += delta (when given), then out = bf16(x *
-// rsqrt(mean(x^2) + eps) * w1p), the RMSNorm that feeds the next projection.
-// Values other blocks wrote this launch are read through L2 (__ldcg). Resets
-// `counter` so a captured graph can replay the kernel. Returns false in every
-// block but the last.
-__device__ __forceinline__ bool last_block_add_norm(float* __restrict__ x, const float* __restrict__ delta,
-                                                    const float* __restrict__ w1p, bf16* __restrict__ out,
-                                                    int D, float eps, unsigned* __restrict__ counter) {
+// slice of x): out = bf16(x * rsqrt(mean(x^2) + eps) * w1p), the RMSNorm that
+// feeds the next projection. Values other blocks wrote this launch are read
+// through L2 (__ldcg). Resets `counter` so a captured graph can replay the
+// kernel. Returns false in every block but the last.
+__device__ __forceinline__ bool last_block_norm(const float* __restrict__ x, const float* __restrict__ w1p,
+                                                bf16* __restrict__ out, int D, float eps,
+                                                unsigned* __restrict__ counter) {
     __shared__ bool last;
     __threadfence();
     __syncthreads();
@@ -163,10 +145,6 @@ __device__ __forceinline__ bool last_block_add_norm(float* __restrict__ x, const
     float ss = 0.f;
     for (int i = threadIdx.x; i < D; i += blockDim.x) {
         float v = __ldcg(x + i);
-        if (delta) {
-            v += __ldcg(delta + i);
-            x[i] = v;
-        }
         ss += v * v;
     }
     float inv = rsqrtf(block_sum(ss) / D + eps);
@@ -175,9 +153,10 @@ __device__ __forceinline__ bool last_block_add_norm(float* __restrict__ x, const
     return true;
 }
 
-// Decode-step timeline (LILY_TRACE, a timing diagnostic: built only with
-// LILY_KERNEL_DEFINES=LILY_TRACE=1, read back by crate::trace). Each block of
-// a traced kernel (TRACE(id) at its top) records, from thread 0, the global
+// Decode-step timeline (LILY_TRACE, a timing diagnostic: defined only in the
+// build `lily bench --trace` asks for, read back by crate::trace). Each block
+// of a traced kernel (TRACE(its own name) at its top; the kernel table in
+// kernels/mod.rs gives its id as LILY_TK_<name>) records, from thread 0, the global
 // timer (ns) at its start, after its first PDL wait and at its exit (the
 // scope's destructor, whichever return it takes), with the kernel id and its
 // block index. Every module shares one ticket counter and one ring (device
@@ -190,7 +169,7 @@ __device__ __forceinline__ bool last_block_add_norm(float* __restrict__ x, const
 // record is written by plain stores at the exit.
 //
 // A kernel may also mark one point inside its blocks (TRACE_MARK(n), kept
-// where LILY_TRACE_MARK=n is defined with LILY_TRACE): thread 0 records the
+// where LILY_TRACE_MARK=n is defined with LILY_TRACE, `--trace-mark n`): thread 0 records the
 // time it passes it (t3; 0 where no mark), which splits a block's time after
 // its wait into phases, one phase boundary a traced run.
 #ifndef LILY_TRACE_MARK
@@ -239,7 +218,7 @@ struct TraceScope {
         }
     }
 };
-#define TRACE(id) TraceScope lily_trace_scope_(id)
+#define TRACE(kernel) TraceScope lily_trace_scope_(LILY_TK_##kernel)
 __device__ __forceinline__ void trace_waited() {
     if (trace_thread() && lily_trace_waited == 0) lily_trace_waited = trace_now();
 }
@@ -248,43 +227,24 @@ __device__ __forceinline__ void trace_waited() {
         if ((n) == LILY_TRACE_MARK && trace_thread()) lily_trace_marked = trace_now(); \
     } while (0)
 #else
-#define TRACE(id)
+#define TRACE(kernel)
 __device__ __forceinline__ void trace_waited() {}
 #define TRACE_MARK(n) \
     do {              \
     } while (0)
 #endif
-// the traced kernels' ids (crates/lily-cuda/src/trace.rs TRACE_KERNELS names them)
-#define TK_EMBED 1
-#define TK_GEMV3 2
-#define TK_GDN_DECODE 3
-#define TK_GEMV_ADD_NORM 4
-#define TK_ROUTER 5
-#define TK_GATE_UP 6
-#define TK_DOWN 7
-#define TK_QK_PREP 8
-#define TK_ATTN_PARTIAL 9
-#define TK_ATTN_MERGE 10
-#define TK_GEMV 11
-#define TK_ARGMAX_BLOCKS 12
-#define TK_ARGMAX_FINISH 13
-#define TK_HEAD_SCREEN 14
-#define TK_HEAD_PICK 15
 
-// Programmatic dependent launch (sm_90). gpu.rs launches every kernel whose
-// body calls pdl_wait() with programmatic stream serialization, so its blocks
+// Programmatic dependent launch (sm_90). Every kernel the kernel table
+// (kernels/mod.rs) marks `pdl` calls pdl_wait() and is launched with
+// programmatic stream serialization, so its blocks
 // may be scheduled while the kernel before it is still finishing: the launch
 // gap and its first loads overlap the previous kernel's tail. Before
 // pdl_wait() such a kernel may only read what no earlier kernel of the step
 // writes (weights, its own layer's recurrent state) and must write nothing;
 // pdl_wait() blocks until every earlier kernel has completed and its writes
 // are visible. pdl_trigger() (after the wait, so at most one kernel runs
-// ahead) lets the next kernel launch early. (The exception: a kernel that
-// starts on its producer's count instead of the wait, input_wait below,
-// reads its input and writes before its own pdl_wait(), which it calls
-// before it exits; so it, its producer and the kernel after it may be in
-// flight together, and the kernel after it, waiting for its completion,
-// still follows both.) Without the launch attribute both are no-ops. After
+// ahead) lets the next kernel launch early. Without the launch attribute
+// both are no-ops. After
 // the wait, whatever an earlier kernel wrote is read
 // through L2 (__ldcg, load8_cg): a block launched early shares its SM's L1
 // with the previous kernel's blocks, which may have cached the old contents
@@ -300,37 +260,6 @@ __device__ __forceinline__ unsigned ld_acquire_u32(const unsigned* p) {
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
-}
-
-// The wait of a decode kernel whose input's producer signals it early:
-// `ready` (null: plain pdl_wait) counts the producer's blocks that have
-// written their share of the input (each after a fence), so at n the input is
-// in L2 while the producer may still be draining its other stores (the GDN
-// core's 2 MB of new state) before it completes, which is what pdl_wait()
-// waits for. Thread 0 polls, then the block barrier passes the acquire on. A
-// kernel that took this path must still call pdl_wait() before it exits, so
-// that it completes after its producer: the kernel after it waits only on it.
-// After READY_SPINS polls it falls back to the wait (a producer that never
-// signals, e.g. a timing diagnostic, costs time, not correctness).
-#ifndef READY_SPINS
-#define READY_SPINS 512
-#endif
-__device__ __forceinline__ void input_wait(const unsigned* ready, unsigned n) {
-    if (!ready) {
-        pdl_wait();
-        return;
-    }
-    if (threadIdx.x == 0) {
-        for (int i = 0; ld_acquire_u32(ready) < n; i++) {
-            if (i == READY_SPINS) {
-                pdl_wait();
-                break;
-            }
-            __nanosleep(32);
-        }
-    }
-    __syncthreads();
-    trace_waited();
 }
 
 // The block's copy of a decode activation vector in shared memory (up to
@@ -374,7 +303,7 @@ __device__ __forceinline__ const bf16* stage_xs(const bf16* __restrict__ x, int 
 // The input of a decode product: a bf16 vector x, or the RMSNorm of the f32
 // residual stream xf, bf16(xf * rsqrt(mean(xf^2) + eps) * w1p) (w1p non-null),
 // which every block of the consuming kernel computes for itself in
-// stage_input: the same sums in the same order as last_block_add_norm
+// stage_input: the same sums in the same order as last_block_norm
 // (blockDim 256), so the bits match, but without a producer whose last block
 // runs the norm serially while the whole GPU waits.
 struct DecodeIn {
@@ -460,8 +389,7 @@ __device__ __forceinline__ float chunk_dot(const uint4 (&r)[NCH], const bf16* xs
 // the wait. The sum runs in warp_dot_bf16's order. `ok` false (a warp past
 // the last row): no loads, returns 0; the wait, trigger and staging still run.
 template <int NCH>
-__device__ __forceinline__ float prefetched_dot(const bf16* __restrict__ w, DecodeIn x, bool ok,
-                                                const unsigned* ready = nullptr, unsigned nready = 0) {
+__device__ __forceinline__ float prefetched_dot(const bf16* __restrict__ w, DecodeIn x, bool ok) {
     const int lane = threadIdx.x & 31;
     uint4 r[NCH];
     if (ok) {
@@ -470,7 +398,7 @@ __device__ __forceinline__ float prefetched_dot(const bf16* __restrict__ w, Deco
     }
     float nw[NCH];
     norm_weights_pre(x, nw);
-    input_wait(ready, nready);
+    pdl_wait();
     pdl_trigger();
     const bf16* xs = stage_input_pre(x, nw);
     if (!ok) return 0.f;
@@ -480,24 +408,21 @@ __device__ __forceinline__ float prefetched_dot(const bf16* __restrict__ w, Deco
 // prefetched_dot for the K of this model's decode GEMVs (512, 1024, 2048,
 // 4096), warp_dot_bf16 after the wait for any other K (K % 8 == 0). Every
 // thread of the block must call it (it holds the PDL wait and a barrier).
-__device__ __forceinline__ float unprefetched_dot(const bf16* __restrict__ w, DecodeIn x, int K, bool ok,
-                                                  const unsigned* ready = nullptr, unsigned nready = 0) {
-    input_wait(ready, nready);
+__device__ __forceinline__ float unprefetched_dot(const bf16* __restrict__ w, DecodeIn x, int K, bool ok) {
+    pdl_wait();
     pdl_trigger();
     if (K > XS_MAX) return ok ? warp_dot_bf16(w, x.x, K, true) : 0.f;  // (a normed input needs K <= XS_MAX)
     const bf16* xs = stage_input(x, K);
     return ok ? warp_dot_bf16(w, xs, K, false) : 0.f;
 }
 
-// `ready`, `nready`: input_wait's early signal (null: the PDL wait).
-__device__ __forceinline__ float decode_dot(const bf16* __restrict__ w, DecodeIn x, int K, bool ok,
-                                            const unsigned* ready = nullptr, unsigned nready = 0) {
+__device__ __forceinline__ float decode_dot(const bf16* __restrict__ w, DecodeIn x, int K, bool ok) {
     switch (K) {
-        case 512: return prefetched_dot<2>(w, x, ok, ready, nready);
-        case 1024: return prefetched_dot<4>(w, x, ok, ready, nready);
-        case 2048: return prefetched_dot<8>(w, x, ok, ready, nready);
-        case 4096: return prefetched_dot<16>(w, x, ok, ready, nready);
-        default: return unprefetched_dot(w, x, K, ok, ready, nready);
+        case 512: return prefetched_dot<2>(w, x, ok);
+        case 1024: return prefetched_dot<4>(w, x, ok);
+        case 2048: return prefetched_dot<8>(w, x, ok);
+        case 4096: return prefetched_dot<16>(w, x, ok);
+        default: return unprefetched_dot(w, x, K, ok);
     }
 }
 

@@ -131,20 +131,20 @@ extern "C" __global__ void router_topk_kernel(const float* __restrict__ logits, 
 // the two expert kernels that follow runs it from the logits itself
 // (topk_warp, ~a microsecond), which costs less than a last block here would
 // (a fence, an atomic and one warp's top-K in series with the next kernel).
-// With w1p non-null the input is the RMSNorm of the residual stream xf
-// (stage_input) and x is unused; block 0 then also writes the normed input to
-// xn (if non-null, D <= XS_MAX) for the experts' gate/up products, which run
-// after this kernel has completed, so 576 blocks there stage a bf16 copy
-// instead of each computing the norm again.
-extern "C" __global__ void router_decode_kernel(const bf16* __restrict__ W, const bf16* __restrict__ x,
+// The input is the post-attention RMSNorm of the residual stream xf, w1p =
+// 1 + w (stage_input); block 0 also writes the normed input to xn (if
+// non-null, D <= XS_MAX) for the experts' gate/up products, which run after
+// this kernel has completed, so 576 blocks there stage a bf16 copy instead of
+// each computing the norm again.
+extern "C" __global__ void router_decode_kernel(const bf16* __restrict__ W,
                                                 float* __restrict__ logits, int D, int E,
                                                 const float* __restrict__ xf, const float* __restrict__ w1p,
                                                 float eps, bf16* __restrict__ xn) {
-    TRACE(TK_ROUTER);
+    TRACE(router_decode_kernel);
     int lane = threadIdx.x & 31;
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     bool ok = row <= E;
-    float acc = decode_dot_k<8>(W + (long)(ok ? row : 0) * D, DecodeIn{x, xf, w1p, eps}, D, ok);
+    float acc = decode_dot_k<8>(W + (long)(ok ? row : 0) * D, DecodeIn{nullptr, xf, w1p, eps}, D, ok);
     TRACE_MARK(11);  // (phase marks of the trace diagnostic, common.cuh)
     if (ok && lane == 0) logits[row] = acc;
     if (xn && blockIdx.x == 0) {
@@ -174,16 +174,14 @@ struct Routing {
 // runs the top-K itself). `flag` is stored with release semantics after the
 // rest; readers acquire it. The layer's first kernel (gemv3_kernel, after its PDL wait:
 // every reader of the previous layer has completed) zeroes the layer's flags,
-// this slot among them. (tests/ops_gpu.rs moe_experts reads this layout)
+// this slot among them. (kernels/moe.rs ROUTE_SLOT_BYTES mirrors its size)
 struct RouteSlot {
     unsigned flag;
     unsigned pad;
     int idx[8];
     float wts[9];
 };
-#ifndef ROUTE_SLOT_SPINS
 #define ROUTE_SLOT_SPINS 32
-#endif
 
 __device__ __forceinline__ void st_release_u32(unsigned* p, unsigned v) {
     asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
@@ -216,12 +214,6 @@ __device__ __forceinline__ bool route_take(const RouteSlot* __restrict__ slot, R
     return true;
 }
 
-// LILY_MOE_DIAG (timing diagnostic, wrong output, BENCHMARKS.md 9th
-// session): fixed experts instead of the top-K in 1 both expert kernels, 2
-// the gate/up products only, 3 the down product only.
-#ifndef LILY_MOE_DIAG
-#define LILY_MOE_DIAG 0
-#endif
 // `weights`: the down product's call (gate/up needs only the ids); `slot`:
 // take the published routing from it when there (down); `publish`: publish
 // the routing (with weights) there, before the barrier (gate/up).
@@ -229,12 +221,7 @@ __device__ __forceinline__ const Routing& route_block(const float* __restrict__ 
                                                       const RouteSlot* __restrict__ slot = nullptr,
                                                       RouteSlot* __restrict__ publish = nullptr) {
     __shared__ Routing r;
-    const bool fixed = LILY_MOE_DIAG == 1 || (LILY_MOE_DIAG == 2 && !weights) || (LILY_MOE_DIAG == 3 && weights);
-    if (fixed && threadIdx.x < 9) {
-        if (threadIdx.x < 8) r.idx[threadIdx.x] = (threadIdx.x * 37) % E;
-        r.wts[threadIdx.x] = 1.f / 9.f;
-    }
-    if (!fixed && threadIdx.x < 32) {
+    if (threadIdx.x < 32) {
         if (!(slot && route_take(slot, r, K))) topk_warp(logits, E, K, r.idx, weights || publish ? r.wts : nullptr);
         if (publish) {
             __syncwarp();
@@ -245,11 +232,11 @@ __device__ __forceinline__ const Routing& route_block(const float* __restrict__ 
     return r;
 }
 
-// h[t, slot, f] = bf16(silu(gate . x) * (up . x)) for the token's K experts and
-// the shared one. Grid (ceil(max(F, Fs) / 8), K + 1, T), block 256 (a warp per
+// h[slot, f] = bf16(silu(gate . x) * (up . x)) for one decode token's K experts
+// and the shared one. Grid (ceil(max(F, Fs) / 8), K + 1), block 256 (a warp per
 // f); blockIdx.y 0 is the shared expert (slot K), 1.. the routed slots 0..: the
 // scheduler dispatches blocks in index order, so the shared expert's rows,
-// which need no routing, stream while the router runs (+0.4%, 9th session).
+// which need no routing, stream while the router runs.
 // Both rows of a warp (NCH 16-byte chunks per lane each) are loaded at once,
 // before x is staged: the shared expert's before the PDL wait; a routed
 // expert's id is known only after it (the router is the kernel before), so
@@ -286,22 +273,21 @@ __device__ __forceinline__ void gate_up_dots(const bf16* __restrict__ g, const b
     }
 }
 
-// With logits non-null (one decode token; idx unused), each block of a
-// routed slot runs the top-K itself after the wait (route_block, ids only).
+// One decode token: each block of a routed slot runs the top-K of the
+// router's logits itself after the wait (route_block, ids only).
 // (At most 80 registers: three 256-thread blocks an SM, 576 blocks in 1.45
 // waves instead of 2.2. Tried and dropped: each block asking L2 to prefetch
 // its share of its expert's down matrix: the down product gained 0.6 us a
 // layer, this kernel lost more, its DRAM stream being 50% longer.)
 extern "C" __global__ void __launch_bounds__(256, 3)
     moe_gate_up_kernel(const bf16* __restrict__ x, const bf16* __restrict__ gate_up,
-                       const bf16* __restrict__ shared_gate_up, const int* __restrict__ idx, bf16* __restrict__ h,
+                       const bf16* __restrict__ shared_gate_up, bf16* __restrict__ h,
                        int D, int F, int Fs, int K, const float* __restrict__ logits, int E,
                        RouteSlot* __restrict__ route, const char* __restrict__ ahead, unsigned long long n_ahead) {
-    TRACE(TK_GATE_UP);
+    TRACE(moe_gate_up_kernel);
     int lane = threadIdx.x & 31;
     int f = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int slot = blockIdx.y == 0 ? K : (int)blockIdx.y - 1;
-    long t = blockIdx.z;
     bool shared = slot == K;
     // `ahead` (nullable; n_ahead bytes): the shared expert's down matrix,
     // asked into L2 by the shared expert's blocks (dispatched first, before
@@ -309,13 +295,11 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     // leave the DRAM mostly idle, so the down product, whose blocks become
     // resident only as this kernel's leave, finds those 2 MB in L2. The
     // weight streams in between are read evict-first (ld_weight16), so the
-    // lines stay (H100: +0.3-0.7% at 4k, -0.3% at 32k; the prefetch with
-    // evict-normal streams, or the next layer's input projection asked ahead
-    // as well, gained nothing: BENCHMARKS.md, 22nd session).
-    if (shared && t == 0 && threadIdx.x == 0) l2_prefetch_share(ahead, n_ahead);
+    // lines stay (with evict-normal streams the prefetch gains nothing).
+    if (shared && threadIdx.x == 0) l2_prefetch_share(ahead, n_ahead);
     int width = shared ? Fs : F;
     bool ok = f < width;
-    const bf16* xr = x + t * D;
+    const bf16* xr = x;
     float ag, au;
     if (D == 2048) {
         // the routed expert's id is known only after the wait
@@ -324,19 +308,13 @@ extern "C" __global__ void __launch_bounds__(256, 3)
             pdl_wait();
             // let the down product launch now, before this block's top-K: the
             // last gate/up block's trigger then no longer waits for its top-K,
-            // and down's blocks take the SMs the second wave leaves sooner
-            // (+0.8% at 4k, 18th session). Safe: down still waits for this
-            // grid's completion before it reads h.
+            // and down's blocks take the SMs the second wave leaves sooner.
+            // Safe: down still waits for this grid's completion before it
+            // reads h.
             pdl_trigger();
-            long e;
-            if (logits) {
-                // block (0, 1) publishes the routing (with weights) for the down
-                // product (not under the gate/up-only diagnostic: down routes itself)
-                const bool publish = LILY_MOE_DIAG != 2 && route && blockIdx.x == 0 && slot == 0 && t == 0;
-                e = route_block(logits, E, K, false, nullptr, publish ? route : nullptr).idx[slot];
-            } else {
-                e = __ldcg(idx + t * K + slot);
-            }
+            // block (0, 1) publishes the routing (with weights) for the down product
+            const bool publish = route && blockIdx.x == 0 && slot == 0;
+            const long e = route_block(logits, E, K, false, nullptr, publish ? route : nullptr).idx[slot];
             base = gate_up + e * 2 * F * D;
             TRACE_MARK(21);  // (phase marks of the trace diagnostic, common.cuh)
         }
@@ -346,7 +324,7 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     } else {
         pdl_wait();
         pdl_trigger();
-        const long e = shared ? 0 : logits ? route_block(logits, E, K, false).idx[slot] : __ldcg(idx + t * K + slot);
+        const long e = shared ? 0 : route_block(logits, E, K, false).idx[slot];
         if (!ok) return;
         const bf16* base = shared ? shared_gate_up : gate_up + e * 2 * F * D;
         const bf16* g = base + (long)f * D;
@@ -368,25 +346,23 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     ag = warp_sum(ag);
     au = warp_sum(au);
     int hw = F > Fs ? F : Fs;
-    if (lane == 0) h[(t * (K + 1) + slot) * hw + f] = f2bf(siluf_(ag) * au);
+    if (lane == 0) h[slot * hw + f] = f2bf(siluf_(ag) * au);
 }
 
-// x[t, d] += sum_slot w[t, slot] * down_slot[d, :] . h[t, slot, :] (the residual
-// add fused in). Grid (ceil(D / 8), T), block 256 (a warp per output d).
-// idx/wts are read with plain loads: global memory no earlier kernel of a
-// PDL chain rewrote, or the decode kernel's routing in shared memory.
+// One warp's sum_slot w[slot] * down_slot[d, :] . h[slot, :] for output d
+// of one decode token (any F, Fs). idx/wts are read with plain loads: the
+// kernel's routing in shared memory.
 __device__ __forceinline__ float moe_down_row(const bf16* __restrict__ h, const bf16* __restrict__ down,
                                               const bf16* __restrict__ shared_down, const int* __restrict__ idx,
-                                              const float* __restrict__ wts, int D, int F, int Fs, int K, long t,
-                                              int d) {
+                                              const float* __restrict__ wts, int D, int F, int Fs, int K, int d) {
     int lane = threadIdx.x & 31;
     int hw = F > Fs ? F : Fs;
     float total = 0.f;
     for (int slot = 0; slot <= K; slot++) {
         bool shared = slot == K;
         int width = shared ? Fs : F;
-        const bf16* row = shared ? shared_down + (long)d * Fs : down + ((long)idx[t * K + slot] * D + d) * F;
-        const bf16* hr = h + (t * (K + 1) + slot) * hw;
+        const bf16* row = shared ? shared_down + (long)d * Fs : down + ((long)idx[slot] * D + d) * F;
+        const bf16* hr = h + (long)slot * hw;
         float acc = 0.f;
         for (int k = lane * 8; k < width; k += 256) {
             float a[8], b[8];
@@ -395,24 +371,15 @@ __device__ __forceinline__ float moe_down_row(const bf16* __restrict__ h, const 
 #pragma unroll
             for (int i = 0; i < 8; i++) acc += a[i] * b[i];
         }
-        total += wts[t * (K + 1) + slot] * warp_sum(acc);
+        total += wts[slot] * warp_sum(acc);
     }
     return total;
 }
 
-extern "C" __global__ void moe_down_kernel(const bf16* __restrict__ h, const bf16* __restrict__ down,
-                                           const bf16* __restrict__ shared_down, const int* __restrict__ idx,
-                                           const float* __restrict__ wts, float* __restrict__ x,
-                                           int D, int F, int Fs, int K) {
-    int d = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    long t = blockIdx.y;
-    if (d >= D) return;
-    float total = moe_down_row(h, down, shared_down, idx, wts, D, F, Fs, K, t, d);
-    if ((threadIdx.x & 31) == 0) x[t * D + d] += total;
-}
-
-// Decode (one token): moe_down_kernel with the RMSNorm that feeds the next
-// layer's mixer (or the lm_head) fused into its last block: out = norm(x) * w1p.
+// Decode (one token): x[d] += sum_slot w[slot] * down_slot[d, :] . h[slot, :]
+// (the residual add fused in), grid ceil(D / 8), block 256 (a warp per output
+// d), with the RMSNorm that feeds the next layer's mixer (or the lm_head)
+// fused into its last block: out = norm(x) * w1p.
 // The routing is taken from `route` (RouteSlot, D = 2048) where gate/up
 // published it, else computed by the block from the router's logits [E + 1]
 // (route_block); the router completed before the previous kernel (gate/up)
@@ -427,7 +394,7 @@ extern "C" __global__ void moe_down_norm_kernel(const bf16* __restrict__ h, cons
                                                 int D, int F, int Fs, int K, const float* __restrict__ w1p,
                                                 bf16* __restrict__ out, float eps, unsigned* __restrict__ counter,
                                                 const RouteSlot* __restrict__ route) {
-    TRACE(TK_DOWN);
+    TRACE(moe_down_norm_kernel);
     int d = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     bool ok = d < D;
@@ -474,11 +441,11 @@ extern "C" __global__ void moe_down_norm_kernel(const bf16* __restrict__ h, cons
         pdl_wait();
         pdl_trigger();
         if (ok) {
-            float total = moe_down_row(h, down, shared_down, rt.idx, rt.wts, D, F, Fs, K, 0, d);
+            float total = moe_down_row(h, down, shared_down, rt.idx, rt.wts, D, F, Fs, K, d);
             if (lane == 0) x[d] = __ldcg(x + d) + total;
         }
     }
-    if (w1p) last_block_add_norm(x, nullptr, w1p, out, D, eps, counter);
+    if (w1p) last_block_norm(x, w1p, out, D, eps, counter);
 }
 
 // ---- Prefill: experts as grouped GEMMs ----
@@ -543,7 +510,7 @@ extern "C" __global__ void moe_silu_mul_kernel(const float* __restrict__ y, bf16
 }
 
 // x[t, d] += sum_slot wts[t, slot] * os[rowmap[t, slot], d] + wts[t, K] * osh[t, d],
-// the slots summed in order as moe_down_kernel does. Grid T, block 256.
+// the slots summed in order as moe_down_row does. Grid T, block 256.
 extern "C" __global__ void moe_combine_kernel(const float* __restrict__ os, const float* __restrict__ osh,
                                               const int* __restrict__ rowmap, const float* __restrict__ wts,
                                               float* __restrict__ x, int D, int K) {

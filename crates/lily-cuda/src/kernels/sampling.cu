@@ -312,7 +312,7 @@ extern "C" __global__ void argmax_kernel(const float* __restrict__ logits, int V
 // grid. *valid is set by the host, so it is read before the PDL wait.
 extern "C" __global__ void argmax_blocks_kernel(const float* __restrict__ logits, const int* __restrict__ valid,
                                                 u64* __restrict__ best) {
-    TRACE(TK_ARGMAX_BLOCKS);
+    TRACE(argmax_blocks_kernel);
     const int nv = *valid;
     pdl_wait();
     pdl_trigger();
@@ -349,7 +349,7 @@ extern "C" __global__ void argmax_blocks_kernel(const float* __restrict__ logits
 extern "C" __global__ void argmax_finish_kernel(u64* __restrict__ best, int* __restrict__ next,
                                                 int* __restrict__ pos, int max_pos, volatile int* host,
                                                 unsigned* __restrict__ clear) {
-    TRACE(TK_ARGMAX_FINISH);
+    TRACE(argmax_finish_kernel);
     pdl_wait();
     pdl_trigger();
     if (threadIdx.x != 0) return;

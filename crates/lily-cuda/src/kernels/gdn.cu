@@ -1,10 +1,7 @@
-// Gated DeltaNet: causal conv1d + SiLU with its state, and the gated delta
-// recurrence. gdn_recurrent_kernel runs the recurrence token by token (any T;
-// the reference for the chunked prefill kernels): a column c of a head's
-// state S[:, c] evolves independently of the others given k, q, v[c], g and
-// beta, so each lane owns one column in registers (Dk = 128 floats) and a
-// warp covers 32 columns. gdn_decode_kernel (end of file) is the T = 1 step
-// fused with the conv and the gated RMSNorm, laid out for bandwidth.
+// Gated DeltaNet: the causal conv1d + SiLU of a prefill chunk with its state,
+// and gdn_decode_kernel, the T = 1 step of the gated delta recurrence fused
+// with the conv and the gated RMSNorm, laid out for bandwidth (the chunked
+// prefill form is gdn_chunked.cu).
 #include "common.cuh"
 #define DK 128
 
@@ -33,77 +30,6 @@ extern "C" __global__ void conv_silu_kernel(const float* __restrict__ mixed, flo
         out[(long)t * C + c] = siluf_(acc);
     }
     for (int j = 0; j < W - 1; j++) state[(long)c * (W - 1) + j] = hist[j];
-}
-
-// Grid (Hv, Dv / 32), block 32. conv: [T, C] = [q (Hk*DK) | k (Hk*DK) | v (Hv*Dv)];
-// ba: [T, 2*Hv] = [b | a] (in_proj_b and in_proj_a outputs); S: [Hv, DK, Dv] f32;
-// o: [T, Hv, Dv] f32. v head j reads q/k head j / (Hv / Hk).
-extern "C" __global__ void gdn_recurrent_kernel(const float* __restrict__ conv, const float* __restrict__ ba,
-                                                const float* __restrict__ a_log, const float* __restrict__ dt_bias,
-                                                float* __restrict__ S, float* __restrict__ o,
-                                                int T, int Hk, int Hv, int Dv) {
-    __shared__ float ks[DK], qs[DK];
-    int j = blockIdx.x, lane = threadIdx.x;
-    int c = blockIdx.y * 32 + lane;
-    int kh = j / (Hv / Hk);
-    long C = 2L * Hk * DK + (long)Hv * Dv;
-    float s[DK];
-    float* Sj = S + (long)j * DK * Dv;
-#pragma unroll
-    for (int r = 0; r < DK; r++) s[r] = Sj[(long)r * Dv + c];
-    float A = expf(a_log[j]), dtb = dt_bias[j];
-    const float qscale = rsqrtf((float)DK);
-    for (int t = 0; t < T; t++) {
-        const float* row = conv + t * C;
-        float kv[4], qv[4], ksq = 0.f, qsq = 0.f;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            qv[i] = row[kh * DK + lane * 4 + i];
-            kv[i] = row[Hk * DK + kh * DK + lane * 4 + i];
-            qsq += qv[i] * qv[i];
-            ksq += kv[i] * kv[i];
-        }
-        float kinv = rsqrtf(warp_sum(ksq) + 1e-6f), qinv = rsqrtf(warp_sum(qsq) + 1e-6f) * qscale;
-        __syncwarp();
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            ks[lane * 4 + i] = kv[i] * kinv;
-            qs[lane * 4 + i] = qv[i] * qinv;
-        }
-        __syncwarp();
-        float beta = sigmoidf_(ba[(long)t * 2 * Hv + j]);
-        float g = -A * softplusf_(ba[(long)t * 2 * Hv + Hv + j] + dtb);
-        float decay = expf(g);
-        float vc = row[2 * Hk * DK + (long)j * Dv + c];
-        float u = 0.f;
-        // volatile: ks and qs are re-read from shared memory where used, not
-        // held in registers next to s across both loops
-        const volatile float* ksv = ks;
-        const volatile float* qsv = qs;
-#pragma unroll
-        for (int r = 0; r < DK; r++) {
-            s[r] *= decay;
-            u += s[r] * ksv[r];
-        }
-        float delta = beta * (vc - u);
-        float out = 0.f;
-#pragma unroll
-        for (int r = 0; r < DK; r++) {
-            s[r] += ksv[r] * delta;
-            out += s[r] * qsv[r];
-        }
-        o[((long)t * Hv + j) * Dv + c] = out;
-    }
-#pragma unroll
-    for (int r = 0; r < DK; r++) {
-        // The empty asm hides p's value, so each store computes its address
-        // here instead of the 128 load addresses (64-bit each) staying live
-        // through the whole kernel. With both changes: 168 registers and no
-        // spills (before: 255 registers and ~1.1 KiB of spills).
-        float* p = Sj + c;
-        asm volatile("" : "+l"(p));
-        p[(long)r * Dv] = s[r];
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -196,25 +122,14 @@ __device__ __forceinline__ float conv4_silu(const float* w, const float* h, floa
 // place; conv_w: [C, 4]; ba: [2*Hv] = [b | a]; a_log, dt_bias: [Hv];
 // z: [Hv*128]; w: [128] (gated-norm weight); S: [Hv, 128, 128] f32, 16-byte
 // aligned, updated in place; out: [Hv*128] bf16 =
-// bf16(w * (o * rsqrt(mean(o^2) + eps)) * silu(z)) per head. done (nullable):
-// each block adds 1 once its share of out is written, the output
-// projection's early signal (common.cuh input_wait).
-//
-// LILY_GDN_DIAG (timing diagnostics, wrong output, BENCHMARKS.md 9th session):
-// 6 the new state not stored; 7 return after the conv (before counting: run
-// it with LILY_GDN_SIGNAL unset (the default) or 0, or every output
-// projection polls until its fallback).
-#ifndef LILY_GDN_DIAG
-#define LILY_GDN_DIAG 0
-#endif
+// bf16(w * (o * rsqrt(mean(o^2) + eps)) * silu(z)) per head.
 extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_bounds__(GDN_DEC_THREADS)
     gdn_decode_kernel(const float* __restrict__ mixed, float* __restrict__ conv_state,
                       const float* __restrict__ conv_w, const float* __restrict__ ba,
                       const float* __restrict__ a_log, const float* __restrict__ dt_bias,
                       const float* __restrict__ z, const float* __restrict__ w,
-                      float* __restrict__ S, bf16* __restrict__ out, int Hk, int Hv, float eps,
-                      unsigned* __restrict__ done) {
-    TRACE(TK_GDN_DECODE);
+                      float* __restrict__ S, bf16* __restrict__ out, int Hk, int Hv, float eps) {
+    TRACE(gdn_decode_kernel);
     __shared__ float4 red_u[8][GDN_DEC_COLS / 4], red_q[8][GDN_DEC_COLS / 4];
     // the head's 4 blocks' sums of o^2, each pushed here by its block
     __shared__ float parts[GDN_DEC_HEAD_BLOCKS];
@@ -274,10 +189,6 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
     if (warp == 0) v_s[lane] = conv4_silu(wv, hv, xv);
     __syncthreads();
     TRACE_MARK(1);  // (phase marks of the trace diagnostic, common.cuh)
-#if LILY_GDN_DIAG == 7
-    if (warp == 0) out[(long)j * GDN_DEC_DV + col0 + lane] = f2bf(qk_s[lane] + v_s[lane] + s[0].x + s[1].y + s[2].z + s[3].w);
-    return;
-#endif
 
     // 3. q, k of the key head: every warp computes the norms and k . q itself
     //    (lane holds elements 4 lane .. 4 lane + 3).
@@ -360,14 +271,12 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
     float4 d = make_float4(beta * (v4.x - u.x), beta * (v4.y - u.y), beta * (v4.z - u.z), beta * (v4.w - u.w));
 
     // 4. S = Sd + k delta^T, in registers; stored below, off the output's
-    //    path, through L2 only (st.global.cg: with plain stores the 2 MB a
-    //    layer cost ~1.4 us more of the step, BENCHMARKS.md, 9th session).
-    //    The cluster barrier that exchanges the sums of o^2 waits only for
-    //    the warp 0s: warps 1-7 arrive before they store their tiles, warp 0
-    //    stores its own after the output (and after counting it, so its fence
-    //    waits for the output's stores only). With every store before the
-    //    arrival, each block's output waited for the slowest block's 16 KB
-    //    to issue (BENCHMARKS.md, 22nd session).
+    //    path, through L2 only (st.global.cg: plain stores of the 2 MB a
+    //    layer cost more of the step). The cluster barrier that exchanges the
+    //    sums of o^2 waits only for the warp 0s: warps 1-7 arrive before they
+    //    store their tiles, warp 0 stores its own after the output. With
+    //    every store before the arrival, each block's output would wait for
+    //    the slowest block's 16 KB to issue.
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         s[i].x += kr[i] * d.x;
@@ -378,7 +287,7 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
     auto store_state = [&] {
 #pragma unroll
         for (int i = 0; i < 4; i++)
-            if (LILY_GDN_DIAG != 6) __stcg(tile(i), s[i]);
+            __stcg(tile(i), s[i]);
     };
     TRACE_MARK(3);
     cluster_wait_();  // the barrier every block arrived at on entry (long met)
@@ -414,13 +323,6 @@ extern "C" __global__ void __cluster_dims__(GDN_DEC_CLUSTER, 1, 1) __launch_boun
         float inv = rsqrtf(ss / GDN_DEC_DV + eps);
         out[(long)j * GDN_DEC_DV + col0 + lane] = f2bf(wc * (o * inv) * zc);
         TRACE_MARK(6);
-        // Count the block's output as written (`done`, nullable): the output
-        // projection starts on it (input_wait) while the state stores drain.
-        __syncwarp();
-        if (done && lane == 0) {
-            __threadfence();
-            atomicAdd(done, 1u);
-        }
         store_state();
     }
     // 7. The conv history: the v columns by their block; the q/k channels by

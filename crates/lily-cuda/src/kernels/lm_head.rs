@@ -8,6 +8,7 @@
 use anyhow::{bail, Result};
 use lily_model::Config;
 
+use super::Kernel;
 use crate::gpu::{Arg, DevBuf, Gpu};
 
 /// The hidden size the screen kernels are written for (the released model's).
@@ -61,7 +62,7 @@ impl HeadScreen {
         };
         gpu.zero(hs.lo.ptr, 16)?;
         gpu.launch(
-            "head_quantize_kernel",
+            Kernel::HeadQuantize,
             (v.div_ceil(8) as u32, 1, 1),
             (256, 1, 1),
             0,
@@ -84,7 +85,7 @@ impl HeadScreen {
     /// `self.threshold()` then takes it. `w` is the bf16 head the copy was built from.
     pub fn launch(&self, gpu: &Gpu, w: u64, x: u64, valid: u64, best: u64) -> Result<()> {
         gpu.launch(
-            "head_screen_kernel",
+            Kernel::HeadScreen,
             (self.v.div_ceil(SCREEN_BLOCK_ROWS) as u32, 1, 1),
             (256, 1, 1),
             0,
@@ -100,7 +101,7 @@ impl HeadScreen {
             ],
         )?;
         gpu.launch(
-            "head_pick_kernel",
+            Kernel::HeadPick,
             (self.v.div_ceil(PICK_TILE) as u32, 1, 1),
             (256, 1, 1),
             0,

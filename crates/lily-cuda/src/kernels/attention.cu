@@ -14,7 +14,7 @@ extern "C" __global__ void qk_prep_kernel(const float* __restrict__ qg, const fl
                                           float* __restrict__ q_out, bf16* __restrict__ kcache,
                                           bf16* __restrict__ vcache, int Hq, int Hkv, int Dh, int rot,
                                           float theta, float eps, int gated) {
-    TRACE(TK_QK_PREP);
+    TRACE(qk_prep_kernel);
     __shared__ float buf[1024];
     pdl_wait();
     pdl_trigger();
@@ -128,10 +128,8 @@ extern "C" __global__ void attention_kernel(const float* __restrict__ q, const b
 // 16 keys) of the block's range and runs its own online softmax over it, a
 // batch of 16 keys at a time, on the tensor cores (mma.sync m16n8k16, bf16 in,
 // f32 accumulate). The FMA form (one lane per 8 dims, a shuffle reduction per
-// key) spent ~1,600 instructions a warp on 8 keys and was issue-bound: ~11 us
-// after its release at 4k on an H100, for 8 MB of K and V. This form spends
-// ~560 on 16 keys: 5.9 us, and decode went from 386.1 to 396.6 tok/s at 4k,
-// 358.7 to 365.5 at 32k (H100, 19th session, BENCHMARKS.md).
+// key) spent ~1,600 instructions a warp on 8 keys and was issue-bound; this
+// form spends ~560 on 16 keys (benchmarks/LEDGER.md has the figures).
 //  - Scores: an MMA tile is [q_hi; q_lo] K^T, 16 rows x 8 keys, over Dh / 16
 //    k-steps of 16 dims. q is f32: rows 0-7 hold its 8 heads rounded to bf16 (q_hi),
 //    rows 8-15 what rounding left (q_lo = q - q_hi, also bf16), so a head's
@@ -212,7 +210,7 @@ extern "C" __global__ void __launch_bounds__(ATTD_WARPS * 32, 2)
     attention_decode_partial_kernel(const float* __restrict__ q, const bf16* __restrict__ kcache,
                                     const bf16* __restrict__ vcache, const int* __restrict__ pos_ptr,
                                     float* __restrict__ part, int Hq, int Hkv, int Dh, int splits, float scale) {
-    TRACE(TK_ATTN_PARTIAL);
+    TRACE(attention_decode_partial_kernel);
     __shared__ __align__(16) float sm_frag[ATTD_WARPS][64][32];
     // The query fragments (8 KB, read in the batch loop) and the output tile
     // (written after the warps have left it) share one buffer.
@@ -476,7 +474,7 @@ extern "C" __global__ void __launch_bounds__(ATTD_WARPS * 32, 2)
 extern "C" __global__ void attention_decode_merge_kernel(const float* __restrict__ part, const float* __restrict__ qg,
                                                          bf16* __restrict__ out, int Hq, int Dh, int splits,
                                                          int gated) {
-    TRACE(TK_ATTN_MERGE);
+    TRACE(attention_decode_merge_kernel);
     __shared__ float sm_o[ATTD_MERGE_WARPS][32];
     __shared__ float sm_l[ATTD_MERGE_WARPS];
     pdl_wait();

@@ -92,7 +92,7 @@ extern "C" __global__ void __launch_bounds__(256) head_screen_kernel(const signe
                                                                     const bf16* __restrict__ x, int V,
                                                                     const int* __restrict__ valid,
                                                                     float* __restrict__ hi, unsigned* __restrict__ lo) {
-    TRACE(TK_HEAD_SCREEN);
+    TRACE(head_screen_kernel);
     constexpr int D = 2048, NCH = D / 512;
     __shared__ unsigned block_lo[8];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -200,7 +200,7 @@ extern "C" __global__ void __launch_bounds__(256) head_pick_kernel(const float* 
                                                                   const bf16* __restrict__ W,
                                                                   const bf16* __restrict__ x, int V,
                                                                   u64* __restrict__ best) {
-    TRACE(TK_HEAD_PICK);
+    TRACE(head_pick_kernel);
     constexpr int D = 2048, NCH = D / 256;
     __shared__ int rows[HEAD_PICK_TILE];
     __shared__ int nrows;

@@ -4,7 +4,7 @@
 // x[t, :] = table[ids[t], :] widened to f32. Grid: T blocks.
 extern "C" __global__ void embed_kernel(const bf16* __restrict__ table, const int* __restrict__ ids,
                                         float* __restrict__ x, int D) {
-    TRACE(TK_EMBED);
+    TRACE(embed_kernel);
     pdl_wait();
     pdl_trigger();
     long t = blockIdx.x;
