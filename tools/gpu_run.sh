@@ -99,7 +99,7 @@ build)
   mkdir -p .carry
   cp target/release/lily .carry/lily
   rm -f .carry/test-*
-  for t in $(cargo test --release -p lily-cuda -p lily-engine --no-run --message-format=json 2>/dev/null |
+  for t in $(cargo test --release -p lily-cuda -p lily-cli --no-run --message-format=json 2>/dev/null |
              python3 -c "import sys,json
 for l in sys.stdin:
   m=json.loads(l)
