@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use lily_engine::backend::Backend;
+use lily_cli::backend::Backend;
 use lily_engine::generate::Model;
 use lily_engine::sampling::argmax;
 use serde_json::json;
@@ -85,11 +85,11 @@ fn prompt(n: usize, vocab: usize) -> Vec<u32> {
 }
 
 /// Prefill `toks` and choose the next token; returns (seconds to the chosen id, the id, state).
-fn prefill(b: &Backend, toks: &[u32]) -> Result<(f64, u32, lily_engine::backend::BackendState)> {
+fn prefill(b: &Backend, toks: &[u32]) -> Result<(f64, u32, lily_cli::backend::BackendState)> {
     let mut st = Model::new_state(b)?;
     let t = Instant::now();
     let tok = match (b, &mut st) {
-        (Backend::Cuda(m), lily_engine::backend::BackendState::Cuda(s)) => {
+        (Backend::Cuda(m), lily_cli::backend::BackendState::Cuda(s)) => {
             m.prefill_greedy(s, toks)?
         }
         _ => argmax(&b.prefill(toks, &mut st)?),
@@ -100,12 +100,12 @@ fn prefill(b: &Backend, toks: &[u32]) -> Result<(f64, u32, lily_engine::backend:
 /// Decode `gen` greedy tokens after `st`; returns seconds and the last token.
 fn decode(
     b: &Backend,
-    st: &mut lily_engine::backend::BackendState,
+    st: &mut lily_cli::backend::BackendState,
     mut tok: u32,
     gen: usize,
 ) -> Result<(f64, u32)> {
     let t = Instant::now();
-    if let (Backend::Cuda(m), lily_engine::backend::BackendState::Cuda(s)) = (b, &mut *st) {
+    if let (Backend::Cuda(m), lily_cli::backend::BackendState::Cuda(s)) = (b, &mut *st) {
         // as the engine decodes greedily: each step queued before the
         // previous token reaches the host
         m.decode_greedy_run(s, gen, m.cfg.vocab_size, &mut |id| {
@@ -201,7 +201,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let (_, tok, mut st) = prefill(&b, &toks)?;
         if real < c {
             match (&b, &mut st) {
-                (Backend::Cuda(m), lily_engine::backend::BackendState::Cuda(s)) => {
+                (Backend::Cuda(m), lily_cli::backend::BackendState::Cuda(s)) => {
                     m.advance_unfilled(s, c - real)?
                 }
                 _ => bail!("--fill zeros needs the CUDA backend"),
@@ -245,7 +245,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             }
             if a.profile {
                 // the state is spent after this: the profiled step replays
-                if let lily_engine::backend::BackendState::Cuda(cs) = &mut st {
+                if let lily_cli::backend::BackendState::Cuda(cs) = &mut st {
                     let secs = m.profile_decode(cs, 5)?;
                     let (whole, graph) = m.profile_decode_graph(cs, 20)?;
                     row["graph_step_us"] = json!(whole);

@@ -5,8 +5,8 @@ use std::io::{IsTerminal, Read, Write};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use lily_cli::backend::Backend;
 use lily_engine::assets::TextAssets;
-use lily_engine::backend::Backend;
 use lily_engine::generate::{generate, GenerateRequest, Generation};
 use lily_engine::parse::{Event, OutputParser, ToolCall};
 use lily_engine::sampling::{SamplingOverrides, SamplingParams};

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use lily_cli::backend::Backend;
 use lily_cpu::ops::gdn::GdnForm;
 use lily_cpu::{CpuModel, Logits};
-use lily_engine::backend::Backend;
 
 use crate::{DeviceArgs, ModelArgs};
 

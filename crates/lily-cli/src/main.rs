@@ -12,6 +12,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
+use lily_cli::backend::{Backend, Device};
 use lily_model::ModelSource;
 
 #[derive(Parser)]
@@ -63,7 +64,7 @@ pub struct ModelArgs {
 pub struct DeviceArgs {
     /// auto (CUDA when a GPU is present), cpu or cuda
     #[arg(long, default_value = "auto")]
-    pub device: lily_engine::backend::Device,
+    pub device: Device,
     /// Longest sequence (prompt + output) the GPU preallocates state for
     #[arg(long, default_value_t = 32_768)]
     pub max_seq: usize,
@@ -71,9 +72,9 @@ pub struct DeviceArgs {
 
 impl DeviceArgs {
     /// Load the model's weights and put them on the chosen device.
-    pub fn load(&self, m: &ModelArgs, verbose: bool) -> Result<lily_engine::backend::Backend> {
+    pub fn load(&self, m: &ModelArgs, verbose: bool) -> Result<Backend> {
         let (cfg, w) = m.source().load()?;
-        lily_engine::backend::Backend::load(self.device, cfg, w, self.max_seq, verbose)
+        Backend::load(self.device, cfg, w, self.max_seq, verbose)
     }
 }
 

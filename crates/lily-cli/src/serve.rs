@@ -16,7 +16,7 @@ pub struct ServeArgs {
     pub model: ModelArgs,
     /// auto (CUDA when a GPU is present), cpu or cuda
     #[arg(long, default_value = "auto")]
-    pub device: lily_engine::backend::Device,
+    pub device: lily_cli::backend::Device,
     /// Address to bind (loopback by default; 0.0.0.0 exposes the server to the network)
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,

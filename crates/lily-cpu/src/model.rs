@@ -6,7 +6,7 @@
 use anyhow::{bail, Result};
 use lily_model::tensor::round_to;
 use lily_model::weights::MixerWeights;
-use lily_model::{Config, DType, LayerKind, Weights};
+use lily_model::{Config, DType, Forward, LayerKind, Weights};
 
 use crate::ops::attention::{gated_attention, KvCache};
 use crate::ops::gdn::{gdn, GdnForm, GdnState};
@@ -154,6 +154,24 @@ impl CpuModel {
         let mut logits = linear(&h, n, &self.w.lm_head);
         round_to(r, &mut logits);
         Ok(logits)
+    }
+}
+
+/// The engine's view of the CPU model: prefill with chunked GDN returning the
+/// last token's logits, decode with recurrent GDN.
+impl Forward for CpuModel {
+    type State = State;
+    fn new_state(&self) -> Result<State> {
+        Ok(CpuModel::new_state(self))
+    }
+    fn prefill(&self, tokens: &[u32], state: &mut State) -> Result<Vec<f32>> {
+        CpuModel::prefill(self, tokens, state, Logits::Last)
+    }
+    fn decode(&self, token: u32, state: &mut State) -> Result<Vec<f32>> {
+        CpuModel::decode(self, token, state)
+    }
+    fn position(&self, state: &State) -> usize {
+        state.pos
     }
 }
 

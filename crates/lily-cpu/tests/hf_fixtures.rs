@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use lily_cpu::{CpuModel, Logits};
+use lily_model::sampling::argmax;
 use lily_model::DType;
 
 fn fixtures() -> PathBuf {
@@ -54,10 +55,6 @@ fn run(model: &CpuModel, tokens: &[u32], decode_from: usize) -> Vec<f32> {
         out.extend(model.decode(t, &mut st).unwrap());
     }
     out
-}
-
-fn argmax(x: &[f32]) -> usize {
-    (0..x.len()).fold(0, |b, i| if x[i] > x[b] { i } else { b })
 }
 
 #[test]

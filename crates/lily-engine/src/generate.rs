@@ -6,11 +6,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use lily_model::tokenizer::{StreamDecoder, Tokenizer};
+use lily_model::Forward;
 
 use crate::sampling::{Sampler, SamplingParams};
 
 /// What the engine needs from a backend. One sequence's state is an opaque
 /// value owned by the caller, so a scheduler can hold many.
+///
+/// Every [`Forward`] is a `Model` that chooses on the host; a type implements
+/// `Model` itself to choose elsewhere (or to wrap another model).
 ///
 /// A step either returns the logits (`prefill` / `decode`: the engine samples
 /// on the host) or the chosen token (`prefill_pick` / `decode_pick`: a backend
@@ -76,19 +80,20 @@ pub trait Model {
     }
 }
 
-impl Model for lily_cpu::CpuModel {
-    type State = lily_cpu::State;
-    fn new_state(&self) -> Result<lily_cpu::State> {
-        Ok(lily_cpu::CpuModel::new_state(self))
+/// Every backend's forward pass is a [`Model`] that chooses on the host.
+impl<F: Forward> Model for F {
+    type State = F::State;
+    fn new_state(&self) -> Result<F::State> {
+        Forward::new_state(self)
     }
-    fn prefill(&self, tokens: &[u32], state: &mut lily_cpu::State) -> Result<Vec<f32>> {
-        lily_cpu::CpuModel::prefill(self, tokens, state, lily_cpu::Logits::Last)
+    fn prefill(&self, tokens: &[u32], state: &mut F::State) -> Result<Vec<f32>> {
+        Forward::prefill(self, tokens, state)
     }
-    fn decode(&self, token: u32, state: &mut lily_cpu::State) -> Result<Vec<f32>> {
-        lily_cpu::CpuModel::decode(self, token, state)
+    fn decode(&self, token: u32, state: &mut F::State) -> Result<Vec<f32>> {
+        Forward::decode(self, token, state)
     }
-    fn position(&self, state: &lily_cpu::State) -> usize {
-        state.pos
+    fn position(&self, state: &F::State) -> usize {
+        Forward::position(self, state)
     }
 }
 

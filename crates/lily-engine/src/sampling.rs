@@ -1,10 +1,14 @@
-//! Choosing the next token from logits: penalties, temperature, top-k, top-p,
-//! min-p, and a seeded generator so a run can be repeated exactly.
+//! Choosing the next token from logits: a request's settings, penalties, and
+//! a seeded generator so a run can be repeated exactly. Temperature, top-k,
+//! top-p and min-p are `lily_model::sampling`'s math.
 
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
+use lily_model::sampling;
 use serde_json::Value;
+
+pub use lily_model::sampling::argmax;
 
 /// Sampling settings of one request. `temperature == 0` is greedy.
 #[derive(Clone, Debug, PartialEq)]
@@ -266,7 +270,7 @@ impl Sampler {
 
     /// Greedy: the choice is the argmax and draws nothing.
     pub fn is_greedy(&self) -> bool {
-        self.params.temperature == 0.0 || self.params.top_k == 1
+        sampling::is_greedy(self.params.temperature, self.params.top_k)
     }
 
     /// Whether the choice depends on nothing but the logits (and, when
@@ -310,71 +314,14 @@ impl Sampler {
         l
     }
 
-    /// Pick the next token.
+    /// Pick the next token: penalties, then [`lily_model::sampling::sample`]
+    /// with this request's settings, drawing from its seeded stream.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         let l = self.penalized(logits);
-        if self.is_greedy() {
-            return argmax(&l);
-        }
         let p = &self.params;
-        // Candidates by logit, best first; NaN logits are never candidates.
-        let mut idx: Vec<u32> = (0..l.len() as u32)
-            .filter(|&i| !l[i as usize].is_nan())
-            .collect();
-        if idx.is_empty() {
-            return 0;
-        }
-        let by_logit = |a: &u32, b: &u32| l[*b as usize].total_cmp(&l[*a as usize]).then(a.cmp(b));
-        if p.top_k > 0 && p.top_k < idx.len() {
-            idx.select_nth_unstable_by(p.top_k - 1, by_logit);
-            idx.truncate(p.top_k);
-        }
-        idx.sort_unstable_by(by_logit);
-        let t = p.temperature as f64;
-        let m = l[idx[0] as usize] as f64;
-        let mut probs: Vec<f64> = idx
-            .iter()
-            .map(|&i| ((l[i as usize] as f64 - m) / t).exp())
-            .collect();
-        let z: f64 = probs.iter().sum();
-        probs.iter_mut().for_each(|x| *x /= z);
-        let mut keep = probs.len();
-        if p.top_p < 1.0 {
-            let mut acc = 0.0;
-            for (i, q) in probs.iter().enumerate() {
-                acc += q;
-                if acc >= p.top_p as f64 {
-                    keep = i + 1;
-                    break;
-                }
-            }
-        }
-        if p.min_p > 0.0 {
-            let floor = p.min_p as f64 * probs[0];
-            keep = keep.min(probs.iter().take_while(|&&q| q >= floor).count().max(1));
-        }
-        let total: f64 = probs[..keep].iter().sum();
-        let mut u = self.rng.uniform() * total;
-        for (i, q) in probs[..keep].iter().enumerate() {
-            if u < *q {
-                return idx[i];
-            }
-            u -= q;
-        }
-        idx[keep - 1]
+        let rng = &mut self.rng;
+        sampling::sample(&l, p.temperature, p.top_k, p.top_p, p.min_p, || {
+            rng.uniform()
+        })
     }
-}
-
-/// The lowest id holding the largest logit. NaN never wins (none but NaN, or
-/// no logits: 0); logits are ordered as `f32::total_cmp` orders them (so
-/// `+0.0` beats `-0.0`): exactly the GPU's `argmax_kernel`, so a greedy run
-/// gives the same tokens whether the host or the device chooses.
-pub fn argmax(x: &[f32]) -> u32 {
-    let mut best: Option<usize> = None;
-    for (i, v) in x.iter().enumerate() {
-        if !v.is_nan() && best.is_none_or(|b| v.total_cmp(&x[b]).is_gt()) {
-            best = Some(i);
-        }
-    }
-    best.unwrap_or(0) as u32
 }

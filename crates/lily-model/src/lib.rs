@@ -1,9 +1,13 @@
-//! What the model is: its config, its weights, and the contracts of its ops.
-//! No compute backend lives here; CPU and CUDA both build on this crate.
+//! What the model is: its config, its weights, the contracts of its ops, the
+//! forward interface every backend implements ([`Forward`]) and the math of
+//! choosing a token ([`sampling`]). No compute backend lives here; CPU and
+//! CUDA both build on this crate.
 
 pub mod chat_template;
 pub mod config;
+pub mod forward;
 pub mod ops;
+pub mod sampling;
 pub mod tensor;
 pub mod tokenizer;
 pub mod weights;
@@ -13,6 +17,7 @@ use std::path::Path;
 use anyhow::Result;
 
 pub use config::{Config, LayerKind};
+pub use forward::Forward;
 pub use tensor::{DType, Mat, Tensor};
 pub use weights::Weights;
 

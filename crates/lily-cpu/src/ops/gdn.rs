@@ -239,6 +239,133 @@ pub fn l2norm_rows(x: &mut [f32], n: usize, scale: f32) {
     }
 }
 
+/// The heads and head dimensions of a GDN layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GdnDims {
+    /// q/k heads
+    pub hk: usize,
+    /// v heads (a multiple of `hk`)
+    pub hv: usize,
+    /// q/k head dim
+    pub dk: usize,
+    /// v head dim
+    pub dv: usize,
+}
+
+impl GdnDims {
+    /// The config's `linear_*` heads and head dims.
+    pub fn of(cfg: &Config) -> GdnDims {
+        GdnDims {
+            hk: cfg.linear_num_key_heads,
+            hv: cfg.linear_num_value_heads,
+            dk: cfg.linear_key_head_dim,
+            dv: cfg.linear_value_head_dim,
+        }
+    }
+
+    /// Width of a post-conv row: q | k | v.
+    pub fn conv_width(&self) -> usize {
+        2 * self.hk * self.dk + self.hv * self.dv
+    }
+}
+
+/// The core recurrence's inputs for `t` tokens, as [`prepare`] builds them.
+pub struct GdnPrepared {
+    pub t: usize,
+    pub dims: GdnDims,
+    /// [T, Hk, Dk] L2-normalised, scaled by Dk^-1/2
+    pub q: Vec<f32>,
+    /// [T, Hk, Dk] L2-normalised
+    pub k: Vec<f32>,
+    /// [T, Hv, Dv]
+    pub v: Vec<f32>,
+    /// [T, Hv] log-decay `-exp(A_log) * softplus(a + dt_bias)`
+    pub g: Vec<f32>,
+    /// [T, Hv] `sigmoid(b)`
+    pub beta: Vec<f32>,
+}
+
+impl GdnPrepared {
+    /// The core recurrence over these inputs.
+    pub fn core(&self) -> GdnCore<'_> {
+        let GdnDims { hk, hv, dk, dv } = self.dims;
+        GdnCore {
+            t: self.t,
+            hk,
+            hv,
+            dk,
+            dv,
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            g: &self.g,
+            beta: &self.beta,
+        }
+    }
+}
+
+/// Everything between the causal conv and the core recurrence (the
+/// `gdn_gates` contract and the q/k normalisation of `lily_model::ops`):
+/// `beta = sigmoid(b)` (rounded to `r`, where HF materialises it),
+/// `g = -exp(A_log) * softplus(a + dt_bias)`, and the post-conv rows `conv`
+/// [T, C] split into q | k | v with q and k L2-normalised per head and q
+/// scaled by Dk^-1/2. `b` and `a` are the [T, Hv] outputs of `in_proj_b` and
+/// `in_proj_a`; `a_log` and `dt_bias` are [Hv]. T is `b.len() / Hv`.
+///
+/// It is the reference for a backend that fuses these steps into its
+/// kernels: the GPU tests build the core's inputs with it, as [`gdn`] does.
+pub fn prepare(
+    d: GdnDims,
+    conv: &[f32],
+    b: &[f32],
+    a: &[f32],
+    a_log: &[f32],
+    dt_bias: &[f32],
+    r: DType,
+) -> GdnPrepared {
+    let GdnDims { hk, hv, dk, dv } = d;
+    let (c, t) = (d.conv_width(), b.len() / hv);
+    assert_eq!(b.len(), t * hv, "gdn: b is not [T, Hv]");
+    assert_eq!(a.len(), t * hv, "gdn: a is not [T, Hv]");
+    assert_eq!(conv.len(), t * c, "gdn: the conv rows are not [T, C]");
+    assert!(
+        a_log.len() == hv && dt_bias.len() == hv,
+        "gdn: A_log and dt_bias are not [Hv]"
+    );
+    let mut beta: Vec<f32> = b.iter().map(|x| sigmoid(*x)).collect();
+    round_to(r, &mut beta);
+    let g: Vec<f32> = a
+        .iter()
+        .enumerate()
+        .map(|(i, ai)| {
+            let j = i % hv;
+            -a_log[j].exp() * softplus(ai + dt_bias[j])
+        })
+        .collect();
+
+    let (kd, vd) = (hk * dk, hv * dv);
+    let mut q = vec![0f32; t * kd];
+    let mut k = vec![0f32; t * kd];
+    let mut v = vec![0f32; t * vd];
+    for ti in 0..t {
+        let row = &conv[ti * c..(ti + 1) * c];
+        q[ti * kd..(ti + 1) * kd].copy_from_slice(&row[..kd]);
+        k[ti * kd..(ti + 1) * kd].copy_from_slice(&row[kd..2 * kd]);
+        v[ti * vd..(ti + 1) * vd].copy_from_slice(&row[2 * kd..]);
+    }
+    l2norm_rows(&mut q, dk, (dk as f32).powf(-0.5));
+    l2norm_rows(&mut k, dk, 1.0);
+    GdnPrepared {
+        t,
+        dims: d,
+        q,
+        k,
+        v,
+        g,
+        beta,
+    }
+}
+
 /// The GDN mixer: x [T, D] (normed) -> [T, D], advancing `state` by T tokens.
 pub fn gdn(
     x: &[f32],
@@ -249,12 +376,7 @@ pub fn gdn(
     r: DType,
     form: GdnForm,
 ) -> Vec<f32> {
-    let (hk, hv, dk, dv) = (
-        cfg.linear_num_key_heads,
-        cfg.linear_num_value_heads,
-        cfg.linear_key_head_dim,
-        cfg.linear_value_head_dim,
-    );
+    let d = GdnDims::of(cfg);
     let c = cfg.conv_dim();
     let mut mixed = linear(x, t, &w.in_proj_qkv); // [T, C]
     round_to(r, &mut mixed);
@@ -274,42 +396,8 @@ pub fn gdn(
         &mut state.conv,
         r,
     );
-    let mut beta: Vec<f32> = b.iter().map(|x| sigmoid(*x)).collect();
-    round_to(r, &mut beta);
-    let g: Vec<f32> = a
-        .iter()
-        .enumerate()
-        .map(|(i, ai)| {
-            let j = i % hv;
-            -w.a_log[j].exp() * softplus(ai + w.dt_bias[j])
-        })
-        .collect();
-
-    let (kd, vd) = (hk * dk, hv * dv);
-    let mut q = vec![0f32; t * kd];
-    let mut k = vec![0f32; t * kd];
-    let mut v = vec![0f32; t * vd];
-    for ti in 0..t {
-        let row = &conv[ti * c..(ti + 1) * c];
-        q[ti * kd..(ti + 1) * kd].copy_from_slice(&row[..kd]);
-        k[ti * kd..(ti + 1) * kd].copy_from_slice(&row[kd..2 * kd]);
-        v[ti * vd..(ti + 1) * vd].copy_from_slice(&row[2 * kd..]);
-    }
-    l2norm_rows(&mut q, dk, (dk as f32).powf(-0.5));
-    l2norm_rows(&mut k, dk, 1.0);
-    let core = GdnCore {
-        t,
-        hk,
-        hv,
-        dk,
-        dv,
-        q: &q,
-        k: &k,
-        v: &v,
-        g: &g,
-        beta: &beta,
-    };
-    let mut o = core.run(&mut state.s, form);
+    let p = prepare(d, &conv, &b, &a, &w.a_log, &w.dt_bias, r);
+    let mut o = p.core().run(&mut state.s, form);
     round_to(r, &mut o);
     let normed = gated_rmsnorm(&o, &z, &w.norm, cfg.rms_norm_eps, r);
     let mut y = linear(&normed, t, &w.out_proj);

@@ -1,14 +1,15 @@
 //! Which compute backend runs the model: the CPU reference or the CUDA
-//! backend, chosen by `--device auto|cpu|cuda`. Both implement `Model`.
+//! backend, chosen by `--device auto|cpu|cuda`. The engine knows neither; it
+//! drives a [`Backend`] through `Model`, whose pick methods let the CUDA
+//! backend choose tokens on the device.
 
 use anyhow::{bail, Context, Result};
 use lily_cpu::CpuModel;
 use lily_cuda::sampling::GpuSampleParams;
 use lily_cuda::{CudaModel, CudaOptions, CudaState};
+use lily_engine::generate::{decode_pick_each, Model};
+use lily_engine::sampling::Sampler;
 use lily_model::{Config, Weights};
-
-use crate::generate::{decode_pick_each, Model};
-use crate::sampling::Sampler;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Device {

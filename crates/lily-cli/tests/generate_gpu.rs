@@ -2,7 +2,7 @@
 //! id comes back) against tokens chosen on the host from downloaded logits.
 //! Without a GPU every test prints that it skips and passes.
 
-use lily_engine::backend::{Backend, Device};
+use lily_cli::backend::{Backend, Device};
 use lily_engine::generate::{
     generate, generate_observed, FinishReason, GenerateRequest, Generation,
 };
