@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Summarise one decode step's timeline (`lily bench --trace DIR`, kernels
-built with LILY_KERNEL_DEFINES=LILY_TRACE=1): per kernel, over its launches
-in the step, where its share of the step goes.
+"""Summarise one decode step's timeline (`lily bench --trace DIR`: the
+kernels' trace build): per kernel, over its launches in the step, where its
+share of the step goes.
 
 For launch i after launch i-1 (times in us, from the CSV):
 - span: last_exit[i] - last_exit[i-1], its share of the critical path
@@ -14,13 +14,11 @@ For launch i after launch i-1 (times in us, from the CSV):
   wait);
 - early: first_wait[i] - first_start[i], how long its first blocks were
   resident before their inputs were ready (the prologue PDL overlaps).
-A kernel whose blocks never wait counts from its first start instead. (With
-LILY_GDN_SIGNAL=1 the GDN output projection is released by the core's count
-before the core exits, so its release can read negative.)
+A kernel whose blocks never wait counts from its first start instead.
 Then one attention layer and one GDN layer launch by launch (first and last
 block start, first release, first and last exit).
-With a phase mark (LILY_KERNEL_DEFINES=LILY_TRACE=1,LILY_TRACE_MARK=n: the
-kernel's TRACE_MARK(n), e.g. gdn.cu 1-6, moe.cu 11 and 21-22), per marked
+With a phase mark (`lily bench --trace DIR --trace-mark n`: the kernel's
+TRACE_MARK(n), e.g. gdn.cu 1-6, moe.cu 11 and 21-22), per marked
 kernel the first and last block's pass of it, from the launch's first release
 (mean over its launches): comparing runs with successive marks splits the
 time after the wait into phases.
@@ -50,7 +48,7 @@ def summarise(rows):
     for r in rows:
         rel = r["first_wait"] if r["first_wait"] is not None else r["first_start"]
         # by kernel and grid size: the GDN and attention layers' projections differ
-        s = per.setdefault((r["kernel"], r["blocks"]), {"n": 0, "blocks": r["blocks"], "span": 0.0, "release": 0.0,
+        s = per.setdefault((r["kernel"], r["blocks"]), {"n": 0, "blocks": r["blocks"], "group": r.get("group", "?"), "span": 0.0, "release": 0.0,
                                          "after": 0.0, "early": 0.0})
         s["n"] += 1
         s["span"] += r["last_exit"] - prev_exit
@@ -68,13 +66,19 @@ def main():
         rows = load(path)
         per, step = summarise(rows)
         print(f"{path}: {len(rows)} launches, step {step:.1f} us (first start to last exit)")
-        print(f"{'kernel':<16} {'launches':>8} {'blocks':>7} {'span us':>9} {'share':>6} "
+        print(f"{'kernel':<32} {'launches':>8} {'blocks':>7} {'span us':>9} {'share':>6} "
               f"{'release/launch':>14} {'after/launch':>12} {'early/launch':>12}")
         for k, s in sorted(per.items(), key=lambda kv: -kv[1]["span"]):
             n = s["n"]
-            print(f"{k[0]:<16} {n:>8} {s['blocks']:>7} {s['span']:>9.1f} {100 * s['span'] / step:>5.1f}% "
+            print(f"{k[0]:<32} {n:>8} {s['blocks']:>7} {s['span']:>9.1f} {100 * s['span'] / step:>5.1f}% "
                   f"{s['release'] / n:>14.2f} {s['after'] / n:>12.2f} {s['early'] / n:>12.2f}")
-        for name, core in (("attention", "attn partial"), ("GDN", "gdn core")):
+        groups = OrderedDict()
+        for k, sp in per.items():
+            g = sp.get("group", "?")
+            groups[g] = groups.get(g, 0.0) + sp["span"]
+        print("by profile group (the kernel table's): " + ", ".join(
+            f"{g} {v:.1f} us ({100 * v / step:.1f}%)" for g, v in sorted(groups.items(), key=lambda kv: -kv[1])))
+        for name, core in (("attention", "attention_decode_partial_kernel"), ("GDN", "gdn_decode_kernel")):
             window(rows, name, core)
         marks(rows)
 
@@ -94,11 +98,11 @@ def marks(rows):
     if not per:
         return
     print("phase mark (us from the launch's first release; mean over launches):")
-    print(f"{'kernel':<16} {'blocks':>7} {'launches':>8} {'first mark':>10} {'last mark':>9} "
+    print(f"{'kernel':<32} {'blocks':>7} {'launches':>8} {'first mark':>10} {'last mark':>9} "
           f"{'first exit':>10} {'last exit':>9}")
     for (k, b), s in per.items():
         n = s[0]
-        print(f"{k:<16} {b:>7} {n:>8} {s[1] / n:>10.2f} {s[2] / n:>9.2f} {s[3] / n:>10.2f} {s[4] / n:>9.2f}")
+        print(f"{k:<32} {b:>7} {n:>8} {s[1] / n:>10.2f} {s[2] / n:>9.2f} {s[3] / n:>10.2f} {s[4] / n:>9.2f}")
 
 
 def window(rows, name, core):
@@ -115,7 +119,7 @@ def window(rows, name, core):
     b = next((i for i in range(c, len(rows)) if rows[i]["kernel"] == "down"), len(rows) - 1)
     t0 = rows[a]["first_start"]
     print(f"one {name} layer (launches {a}..{b}; us from its input projection's first start):")
-    print(f"{'kernel':<16} {'blocks':>7} {'first start':>11} {'last start':>10} {'release':>8} "
+    print(f"{'kernel':<32} {'blocks':>7} {'first start':>11} {'last start':>10} {'release':>8} "
           f"{'first exit':>10} {'last exit':>9}")
     for r in rows[a:b + 1]:
         f = [r[k] - t0 if r[k] is not None else float("nan")

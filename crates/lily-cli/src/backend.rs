@@ -5,8 +5,8 @@
 
 use anyhow::{bail, Context, Result};
 use lily_cpu::CpuModel;
-use lily_cuda::sampling::GpuSampleParams;
-use lily_cuda::{CudaModel, CudaOptions, CudaState};
+use lily_cuda::kernels::sampling::{uniform_f32, GpuSampleParams};
+use lily_cuda::{CudaModel, CudaOptions, CudaState, GpuOptions};
 use lily_engine::generate::{decode_pick_each, Model};
 use lily_engine::sampling::Sampler;
 use lily_model::{Config, Weights};
@@ -31,6 +31,32 @@ impl std::str::FromStr for Device {
     }
 }
 
+/// How a backend is built: the device, and the CUDA backend's settings
+/// (plain data: the product settings come from flags every model command
+/// takes, the diagnostics from `lily bench`'s).
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    pub device: Device,
+    /// the CUDA model's settings (unused on the CPU)
+    pub cuda: CudaOptions,
+    /// programmatic dependent launch and the kernels' build
+    pub gpu: GpuOptions,
+}
+
+impl LoadOptions {
+    /// The product settings on `device`, with GPU state for `max_seq` tokens.
+    pub fn new(device: Device, max_seq: usize) -> LoadOptions {
+        LoadOptions {
+            device,
+            cuda: CudaOptions {
+                max_seq,
+                ..CudaOptions::default()
+            },
+            gpu: GpuOptions::default(),
+        }
+    }
+}
+
 #[allow(clippy::large_enum_variant)] // one per process: boxing the CPU model would buy nothing
 pub enum Backend {
     Cpu(CpuModel),
@@ -43,15 +69,10 @@ pub enum BackendState {
 }
 
 impl Backend {
-    /// Build the model on `device`. `verbose` prints the memory estimate and
-    /// upload progress of the CUDA backend to stderr.
-    pub fn load(
-        device: Device,
-        cfg: Config,
-        w: Weights,
-        max_seq: usize,
-        verbose: bool,
-    ) -> Result<Backend> {
+    /// Build the model on `o.device`. `verbose` prints the memory estimate
+    /// and upload progress of the CUDA backend to stderr.
+    pub fn load(cfg: Config, w: Weights, o: &LoadOptions, verbose: bool) -> Result<Backend> {
+        let device = o.device;
         let want_cuda = match device {
             Device::Cpu => false,
             Device::Cuda => true,
@@ -60,7 +81,7 @@ impl Backend {
         if !want_cuda {
             return Ok(Backend::Cpu(CpuModel::new(cfg, w)));
         }
-        let gpu = match lily_cuda::gpu::Gpu::new(0) {
+        let gpu = match lily_cuda::gpu::Gpu::new(0, &o.gpu) {
             Ok(g) => g,
             Err(e) if device == Device::Auto => {
                 if verbose {
@@ -70,12 +91,12 @@ impl Backend {
             }
             Err(e) => return Err(e.context("--device cuda")),
         };
-        let opts = CudaOptions {
-            max_seq,
-            ..CudaOptions::default()
-        };
         Ok(Backend::Cuda(Box::new(CudaModel::load(
-            gpu, cfg, &w, opts, verbose,
+            gpu,
+            cfg,
+            &w,
+            o.cuda.clone(),
+            verbose,
         )?)))
     }
 
@@ -123,7 +144,7 @@ fn device_choice(sampler: &mut Sampler) -> (GpuSampleParams, f32) {
     let u = if sampler.is_greedy() {
         0.0
     } else {
-        lily_cuda::sampling::uniform_f32(sampler.draw())
+        uniform_f32(sampler.draw())
     };
     (gp, u)
 }

@@ -47,12 +47,25 @@ pub struct BenchArgs {
     /// cache's contents
     #[arg(long, value_enum, default_value_t = Fill::Prefill)]
     pub fill: Fill,
-    /// CUDA, kernels built with the trace diagnostic
-    /// (LILY_KERNEL_DEFINES=LILY_TRACE=1): after each context's timed runs,
-    /// write one decode step's timeline (every launch: its blocks' start,
-    /// release from the PDL wait, exit) to DIR/trace-<context>.csv
+    /// CUDA diagnostic: build the kernels with their timeline records and,
+    /// after each context's timed runs, write one decode step's timeline
+    /// (every launch: its blocks' start, release from the PDL wait, exit) to
+    /// DIR/trace-<context>.csv (tools/trace_step.py sums it per kernel). The
+    /// records cost registers and stores: the run's tok/s are not speed figures
     #[arg(long, value_name = "DIR")]
     pub trace: Option<std::path::PathBuf>,
+    /// With --trace, also record when each block passes the phase mark N of
+    /// its kernel (`TRACE_MARK(N)` in the .cu sources; 0: none)
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "trace")]
+    pub trace_mark: u32,
+    /// CUDA diagnostic: launch each decode step kernel by kernel instead of
+    /// replaying its captured CUDA graph (what the graph saves)
+    #[arg(long)]
+    pub eager: bool,
+    /// CUDA diagnostic: launch every kernel without programmatic dependent
+    /// launch (what PDL saves)
+    #[arg(long)]
+    pub no_pdl: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -141,11 +154,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
         max_seq: a.device.max_seq.max(longest),
         ..a.device.clone()
     };
-    let b = dev.load(&a.model, !a.json)?;
+    let mut opts = dev.options();
+    opts.cuda.graphs = !a.eager;
+    opts.gpu.pdl = !a.no_pdl;
+    opts.gpu.build.trace = a.trace.is_some();
+    opts.gpu.build.trace_mark = a.trace_mark;
+    let b = dev.load_with(&a.model, &opts, !a.json)?;
     let load_s = t0.elapsed().as_secs_f64();
     let cuda = matches!(b, Backend::Cuda(_));
-    if a.trace.is_some() && !cuda {
-        bail!("--trace times the CUDA kernels: it needs --device cuda");
+    if (a.trace.is_some() || a.eager || a.no_pdl) && !cuda {
+        bail!("--trace, --eager and --no-pdl are CUDA diagnostics: they need --device cuda");
     }
     let prompts = if a.prompt_len.is_empty() {
         if cuda {
@@ -226,9 +244,6 @@ pub fn run(a: BenchArgs) -> Result<()> {
             row["floor_tok_s"] = json!(floor_tok_s);
             row["pct_of_floor"] = json!(100.0 * (gen as f64 / s) / floor_tok_s);
             if let Some(dir) = &a.trace {
-                if !m.gpu.tracing() {
-                    bail!("--trace needs kernels built with LILY_KERNEL_DEFINES=LILY_TRACE=1");
-                }
                 // two steps after emptying the rings: the last is whole
                 m.gpu.trace_clear()?;
                 decode(&b, &mut st, tok, 2)?;
@@ -268,6 +283,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         "load_s": load_s,
         "copy_bandwidth_gb_s": bandwidth.map(|b| b / 1e9),
         "greedy_head": head_path(&b),
+        "launch": {"graphs": !a.eager, "pdl": !a.no_pdl, "trace": a.trace.is_some()},
         "prefill": prefill_rows,
         "decode": decode_rows,
     });
@@ -300,6 +316,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     if a.fill == Fill::Zeros {
         println!("decode contexts past 512 tokens: KV cache zeroed, not prefilled (--fill zeros)");
+    }
+    if a.eager || a.no_pdl || a.trace.is_some() {
+        println!(
+            "diagnostic launch (not speed figures of the product): graphs {}, PDL {}, trace build {}",
+            !a.eager,
+            !a.no_pdl,
+            a.trace.is_some()
+        );
     }
     println!(
         "{:>12} {:>8} {:>16} {:>12} {:>14} {:>10}",
@@ -374,7 +398,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
 fn head_path(b: &Backend) -> &'static str {
     match b {
         Backend::Cuda(m) if m.head_screened() => {
-            "screened through an int8 copy, the candidate rows exact in bf16 (the full product's argmax; LILY_HEAD_SCREEN=0: the full bf16 product)"
+            "screened through an int8 copy, the candidate rows exact in bf16 (the full product's argmax; --greedy-head full: the full bf16 product)"
         }
         Backend::Cuda(_) => "the full bf16 product",
         _ => "the full product",

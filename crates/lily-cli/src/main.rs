@@ -12,7 +12,8 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
-use lily_cli::backend::{Backend, Device};
+use lily_cli::backend::{Backend, Device, LoadOptions};
+use lily_cuda::GreedyHead;
 use lily_model::ModelSource;
 
 #[derive(Parser)]
@@ -59,7 +60,7 @@ pub struct ModelArgs {
     pub synthetic: Option<String>,
 }
 
-/// Where the model runs.
+/// Where the model runs, and how.
 #[derive(Args, Clone, Debug)]
 pub struct DeviceArgs {
     /// auto (CUDA when a GPU is present), cpu or cuda
@@ -68,13 +69,32 @@ pub struct DeviceArgs {
     /// Longest sequence (prompt + output) the GPU preallocates state for
     #[arg(long, default_value_t = 32_768)]
     pub max_seq: usize,
+    /// How a greedy CUDA decode step picks its token: `screen` bounds every
+    /// row's logit from an int8 copy of the lm_head and computes only the
+    /// rows that can win in bf16 (the full product's argmax, bit for bit,
+    /// from about half its bytes; the copy takes vocab x hidden bytes of GPU
+    /// memory), `full` runs the bf16 product
+    #[arg(long, default_value = "screen")]
+    pub greedy_head: GreedyHead,
 }
 
 impl DeviceArgs {
+    /// The backend's settings these flags give.
+    pub fn options(&self) -> LoadOptions {
+        let mut o = LoadOptions::new(self.device, self.max_seq);
+        o.cuda.greedy_head = self.greedy_head;
+        o
+    }
+
     /// Load the model's weights and put them on the chosen device.
     pub fn load(&self, m: &ModelArgs, verbose: bool) -> Result<Backend> {
+        self.load_with(m, &self.options(), verbose)
+    }
+
+    /// [`DeviceArgs::load`] with settings the caller adjusted (`lily bench`'s diagnostics).
+    pub fn load_with(&self, m: &ModelArgs, o: &LoadOptions, verbose: bool) -> Result<Backend> {
         let (cfg, w) = m.source().load()?;
-        Backend::load(self.device, cfg, w, self.max_seq, verbose)
+        Backend::load(cfg, w, o, verbose)
     }
 }
 

@@ -17,6 +17,11 @@ pub struct ServeArgs {
     /// auto (CUDA when a GPU is present), cpu or cuda
     #[arg(long, default_value = "auto")]
     pub device: lily_cli::backend::Device,
+    /// How a greedy CUDA decode step picks its token: `screen` (through an
+    /// int8 copy of the lm_head: the same ids from about half its bytes) or
+    /// `full` (the bf16 product)
+    #[arg(long, default_value = "screen")]
+    pub greedy_head: lily_cuda::GreedyHead,
     /// Address to bind (loopback by default; 0.0.0.0 exposes the server to the network)
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -88,6 +93,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         &DeviceArgs {
             device: a.device,
             max_seq: gpu_seq,
+            greedy_head: a.greedy_head,
         },
     )?;
     let cfg = ServerConfig {

@@ -48,8 +48,10 @@ pub struct TraceRec {
 /// One launch of the step: its blocks' times in us from the step's start.
 #[derive(Clone, Debug)]
 pub struct TraceLaunch {
-    /// the kernel's name (its row of the kernel table; "?" for an unknown id)
+    /// the kernel's name and profile group (its row of the kernel table;
+    /// "?" for an unknown id)
     pub kernel: &'static str,
+    pub group: &'static str,
     pub blocks: usize,
     pub start: (f64, f64),
     /// (first, last) release from the PDL wait; None if no block waited
@@ -150,6 +152,7 @@ pub fn last_step(recs: &[TraceRec]) -> Vec<TraceLaunch> {
         };
         out.push(TraceLaunch {
             kernel: Kernel::traced(r[i].kid).map_or("?", |k| k.info().name),
+            group: Kernel::traced(r[i].kid).map_or("?", |k| k.info().group),
             blocks: g.len(),
             start: min_max(&|x| x.t0),
             wait: first_last(&|x| x.t1),
@@ -164,7 +167,7 @@ pub fn last_step(recs: &[TraceRec]) -> Vec<TraceLaunch> {
 /// The launches as CSV (one row each; times in us from the step's start).
 pub fn launches_csv(launches: &[TraceLaunch]) -> String {
     let mut s = String::from(
-        "launch,kernel,blocks,first_start,last_start,first_wait,last_wait,first_exit,last_exit,first_mark,last_mark\n",
+        "launch,kernel,group,blocks,first_start,last_start,first_wait,last_wait,first_exit,last_exit,first_mark,last_mark\n",
     );
     let pair = |p: Option<(f64, f64)>| {
         p.map_or((String::new(), String::new()), |(a, b)| {
@@ -174,8 +177,8 @@ pub fn launches_csv(launches: &[TraceLaunch]) -> String {
     for (i, l) in launches.iter().enumerate() {
         let ((w0, w1), (m0, m1)) = (pair(l.wait), pair(l.mark));
         s += &format!(
-            "{i},{},{},{:.3},{:.3},{w0},{w1},{:.3},{:.3},{m0},{m1}\n",
-            l.kernel, l.blocks, l.start.0, l.start.1, l.exit.0, l.exit.1
+            "{i},{},{},{},{:.3},{:.3},{w0},{w1},{:.3},{:.3},{m0},{m1}\n",
+            l.kernel, l.group, l.blocks, l.start.0, l.start.1, l.exit.0, l.exit.1
         );
     }
     s
@@ -228,7 +231,7 @@ mod tests {
         let csv = launches_csv(&l);
         assert_eq!(
             csv.lines().nth(3).unwrap(),
-            "2,gdn_decode_kernel,2,0.900,0.950,1.200,1.200,1.500,1.600,1.300,1.400"
+            "2,gdn_decode_kernel,gdn core,2,0.900,0.950,1.200,1.200,1.500,1.600,1.300,1.400"
         );
         assert!(csv.lines().nth(2).unwrap().ends_with(",1.000,1.100,,"));
     }

@@ -1,15 +1,20 @@
-//! The screened greedy lm_head (kernels/lm_head.cu, `lily_cuda::lm_head`)
+//! The screened greedy lm_head (kernels/lm_head.cu, `lily_cuda::kernels::lm_head`)
 //! against the full bf16 product's greedy choice (`greedy_lm_head`), on fresh
 //! random heads and inputs. The contract is exact: the same id, bit for bit,
-//! so there is no tolerance. Skips, saying so, where there is no CUDA.
+//! so there is no tolerance. Needs a GPU: ignored without one, never passed.
 
 mod support;
 
-use lily_cuda::lm_head::{HeadScreen, SCREEN_HIDDEN};
-use lily_cuda::sampling::{greedy_finish, greedy_lm_head};
+use lily_cuda::kernels::lm_head::{HeadScreen, SCREEN_HIDDEN};
+use lily_cuda::kernels::sampling::{greedy_finish, greedy_lm_head};
 use support::{bf16_bits, gpu, random_mixed as random};
 
-/// The screened greedy lm_head (`lily_cuda::lm_head::HeadScreen`: an int8
+/// The most candidates (rows whose bound reaches the threshold) the screen
+/// may leave, as a fraction of the rows: for random inputs a real screen
+/// leaves a handful, so 1% already means it screens almost nothing.
+const MAX_CANDIDATE_FRACTION: f64 = 0.01;
+
+/// The screened greedy lm_head (`lily_cuda::kernels::lm_head::HeadScreen`: an int8
 /// copy bounds every logit, only the rows that can hold the maximum are
 /// computed exactly) against the full product's choice (`greedy_lm_head`):
 /// the same id on fresh random heads and inputs; an exact tie (the strongest
@@ -20,8 +25,9 @@ use support::{bf16_bits, gpu, random_mixed as random};
 /// threshold must be set by the step (a real screen, not every row) and
 /// cleared by `greedy_finish`.
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn screened_greedy_matches_the_full_argmax() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     // not a multiple of the screen's 16 rows nor of the pick's 1024
     let (n, k) = (20_011usize, SCREEN_HIDDEN);
     let (best, next, pos, valid_buf) = (
@@ -39,7 +45,7 @@ fn screened_greedy_matches_the_full_argmax() {
         let xb = g.upload_new(&bf16_bits(x)).unwrap();
         let y = g.alloc(n * 4).unwrap();
         g.upload(valid_buf.ptr, &[valid as i32]).unwrap();
-        greedy_lm_head(&g, wb.ptr, xb.ptr, y.ptr, n, k, valid_buf.ptr, best.ptr).unwrap();
+        greedy_lm_head(&g, &wb, xb.ptr, y.ptr, n, k, valid_buf.ptr, best.ptr).unwrap();
         greedy_finish(&g, best.ptr, next.ptr, pos.ptr, 0, 0, 0).unwrap();
         let full = g.download::<i32>(next.ptr, 1).unwrap()[0];
         let hs = HeadScreen::build(&g, wb.ptr, n).unwrap();
@@ -56,9 +62,10 @@ fn screened_greedy_matches_the_full_argmax() {
             });
             let hi = g.download::<f32>(hs.hi_ptr(), valid.min(n)).unwrap();
             let cands = hi.iter().filter(|&&h| h >= t).count();
+            let most = (MAX_CANDIDATE_FRACTION * n as f64) as usize;
             assert!(
-                (1..=n / 100).contains(&cands),
-                "{cands} candidates of {valid}"
+                (1..=most).contains(&cands),
+                "{cands} candidates of {valid} (at most {most})"
             );
         }
         greedy_finish(&g, best.ptr, next.ptr, pos.ptr, 0, 0, hs.threshold()).unwrap();

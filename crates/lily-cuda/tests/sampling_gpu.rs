@@ -1,21 +1,30 @@
-//! GPU sampling (kernels/sampling.cu through `lily_cuda::sampling::sample_into`)
-//! against a host reference that follows lily-engine's `Sampler::sample`.
-//! Every test skips (prints "skipping: no CUDA device") where there is no GPU.
+//! GPU sampling (kernels/sampling.cu through
+//! `lily_cuda::kernels::sampling::sample_into`) against the one definition of
+//! the sampler's math, `lily_model::sampling` (`argmax`, `kept`, `pick`,
+//! `pick_in_order`), which the engine's CPU sampler uses too. Every GPU test is
+//! ignored without `--include-ignored` (support's module comment says why).
 
-use lily_cuda::gpu::{cuda_available, DevBuf, Gpu};
-use lily_cuda::sampling::{sample_into, uniform_f32, GpuSampleParams};
+mod support;
+
+use lily_cuda::gpu::{DevBuf, Gpu};
+use lily_cuda::kernels::sampling::{sample_into, uniform_f32, GpuSampleParams};
+use lily_model::sampling::{argmax, kept, pick, pick_in_order};
+use support::gpu;
 
 const V: usize = 248_320;
 const VALID: usize = 248_077;
 
-fn gpu() -> Option<Gpu> {
-    if let Err(e) = cuda_available() {
-        println!("skipping: no CUDA device ({e})");
-        return None;
-    }
-    // libcuda is here: a failure now is a failure, not a skip.
-    Some(Gpu::new(0).unwrap_or_else(|e| panic!("CUDA present but unusable: {e:#}")))
-}
+/// Draws that may differ from the oracle's draw for the same u: one in 200
+/// (f32 GPU sums against f64 host sums flip a draw sitting on a boundary).
+const MAX_DIFFER_PER: usize = 200;
+/// Frequency tolerance: this many standard deviations of a binomial count
+/// (two-sided, a false alarm about once in 1.7 million buckets) ...
+const FREQ_SIGMAS: f64 = 5.0;
+/// ... plus this many draws, for the rounding of a small count.
+const FREQ_SLACK_DRAWS: f64 = 2.0;
+/// How far below the min-p floor a kept logit may sit: f32 logits against
+/// the f64 floor `12 + ln(min_p)`.
+const MIN_P_FLOOR_SLACK: f32 = 1e-4;
 
 /// splitmix64: test data and draws, repeatable.
 struct Rng(u64);
@@ -60,83 +69,10 @@ fn llm_logits(seed: u64, sigma: f32, peaks: usize) -> Vec<f32> {
     l
 }
 
-/// The host reference, as lily-engine's `Sampler::sample` (no penalties):
-/// the kept ids in the CPU's order (logit desc, id asc) and their
-/// probabilities, normalised over the kept ones.
-fn host_kept(logits: &[f32], p: &GpuSampleParams) -> (Vec<u32>, Vec<f64>) {
-    let l = &logits[..VALID.min(logits.len())];
-    let mut idx: Vec<u32> = (0..l.len() as u32)
-        .filter(|&i| !l[i as usize].is_nan())
-        .collect();
-    let by_logit = |a: &u32, b: &u32| l[*b as usize].total_cmp(&l[*a as usize]).then(a.cmp(b));
-    if p.top_k > 0 && p.top_k < idx.len() {
-        idx.select_nth_unstable_by(p.top_k - 1, by_logit);
-        idx.truncate(p.top_k);
-    }
-    idx.sort_unstable_by(by_logit);
-    let t = p.temperature as f64;
-    let m = l[idx[0] as usize] as f64;
-    let mut probs: Vec<f64> = idx
-        .iter()
-        .map(|&i| ((l[i as usize] as f64 - m) / t).exp())
-        .collect();
-    let z: f64 = probs.iter().sum();
-    probs.iter_mut().for_each(|x| *x /= z);
-    let mut keep = probs.len();
-    if p.top_p < 1.0 {
-        let mut acc = 0.0;
-        for (i, q) in probs.iter().enumerate() {
-            acc += q;
-            if acc >= p.top_p as f64 {
-                keep = i + 1;
-                break;
-            }
-        }
-    }
-    if p.min_p > 0.0 {
-        let floor = p.min_p as f64 * probs[0];
-        keep = keep.min(probs.iter().take_while(|&&q| q >= floor).count().max(1));
-    }
-    idx.truncate(keep);
-    probs.truncate(keep);
-    let total: f64 = probs.iter().sum();
-    probs.iter_mut().for_each(|x| *x /= total);
-    (idx, probs)
-}
-
-/// The CPU sampler's draw for a given u: walk the kept tokens best first.
-fn host_pick(kept: &(Vec<u32>, Vec<f64>), u: f64) -> u32 {
-    let (ids, probs) = kept;
-    let mut u = u;
-    for (i, q) in probs.iter().enumerate() {
-        if u < *q {
-            return ids[i];
-        }
-        u -= q;
-    }
-    ids[ids.len() - 1]
-}
-
-/// The wide-window (global) path's draw: the same kept set, walked in id order.
-fn host_pick_id_order(by_id: &[(u32, f64)], u: f64) -> u32 {
-    let mut u = u;
-    for (id, q) in by_id {
-        if u < *q {
-            return *id;
-        }
-        u -= q;
-    }
-    by_id[by_id.len() - 1].0
-}
-
-fn host_argmax(logits: &[f32]) -> u32 {
-    let mut best: Option<usize> = None;
-    for (i, &v) in logits[..VALID].iter().enumerate() {
-        if !v.is_nan() && best.is_none_or(|b| v > logits[b]) {
-            best = Some(i);
-        }
-    }
-    best.unwrap_or(0) as u32
+/// The oracle's kept set over the real tokens (ids < VALID): ids best first
+/// (logit desc, id asc) and their probabilities, normalised over the kept ones.
+fn kept_real(l: &[f32], p: &GpuSampleParams) -> (Vec<u32>, Vec<f64>) {
+    kept(&l[..VALID], p.temperature, p.top_k, p.top_p, p.min_p)
 }
 
 struct Dev {
@@ -185,9 +121,10 @@ fn draws(dev: &Dev, p: &GpuSampleParams, n: usize, seed: u64) -> Vec<(f32, u32)>
         .collect()
 }
 
-/// Empirical frequencies against the host probabilities. Each kept token (or,
-/// for many kept tokens, each run of consecutive kept ids holding about 5% of
-/// the mass) must be within 5 standard deviations + 2/n of its probability.
+/// Empirical frequencies against the oracle's probabilities. Each kept token
+/// (or, for many kept tokens, each run of consecutive kept ids holding about
+/// 5% of the mass) must be within `FREQ_SIGMAS` standard deviations +
+/// `FREQ_SLACK_DRAWS` / n of its probability.
 fn check_frequencies(what: &str, picks: &[(f32, u32)], kept: &(Vec<u32>, Vec<f64>)) {
     let n = picks.len() as f64;
     let mut pairs: Vec<(u32, f64)> = kept.0.iter().copied().zip(kept.1.iter().copied()).collect();
@@ -204,7 +141,7 @@ fn check_frequencies(what: &str, picks: &[(f32, u32)], kept: &(Vec<u32>, Vec<f64
     }
     for (lo, hi, q) in &buckets {
         let c = picks.iter().filter(|(_, id)| id >= lo && id <= hi).count() as f64;
-        let tol = 5.0 * (q * (1.0 - q) / n).sqrt() + 2.0 / n;
+        let tol = FREQ_SIGMAS * (q * (1.0 - q) / n).sqrt() + FREQ_SLACK_DRAWS / n;
         assert!(
             (c / n - q).abs() <= tol,
             "{what}: ids {lo}..={hi} drawn {:.4}, expected {:.4} (tolerance {:.4})",
@@ -215,8 +152,9 @@ fn check_frequencies(what: &str, picks: &[(f32, u32)], kept: &(Vec<u32>, Vec<f64
     }
 }
 
-/// Draws must all be kept tokens; `exact` compares each with the host's draw
-/// for the same u (allowing a few rounding flips at a boundary).
+/// Draws must all be kept tokens, each the oracle's draw for the same u (best
+/// first, or by id on the wide path: `id_order`) but for at most one in
+/// `MAX_DIFFER_PER` (rounding flips at a boundary), at the oracle's frequencies.
 fn check_draws(what: &str, picks: &[(f32, u32)], kept: &(Vec<u32>, Vec<f64>), id_order: bool) {
     let set: std::collections::HashSet<u32> = kept.0.iter().copied().collect();
     let mut by_id: Vec<(u32, f64)> = kept.0.iter().copied().zip(kept.1.iter().copied()).collect();
@@ -229,16 +167,16 @@ fn check_draws(what: &str, picks: &[(f32, u32)], kept: &(Vec<u32>, Vec<f64>), id
             set.len()
         );
         let want = if id_order {
-            host_pick_id_order(&by_id, u as f64)
+            pick_in_order(by_id.iter().copied(), u as f64)
         } else {
-            host_pick(kept, u as f64)
+            pick(kept, u as f64)
         };
         if want != id {
             differ += 1;
         }
     }
     assert!(
-        differ <= picks.len() / 200,
+        differ <= picks.len() / MAX_DIFFER_PER,
         "{what}: {differ} of {} draws differ from the host's draw for the same u",
         picks.len()
     );
@@ -246,14 +184,15 @@ fn check_draws(what: &str, picks: &[(f32, u32)], kept: &(Vec<u32>, Vec<f64>), id
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn greedy_and_top_k_1_match_host_argmax() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let mut dev = Dev::new(gpu, &llm_logits(1, 2.0, 30));
     for seed in 1..6u64 {
         let mut l = llm_logits(seed, 2.0 + seed as f32, if seed % 2 == 0 { 0 } else { 30 });
         l[(seed as usize * 7919) % VALID] = f32::NAN;
         dev.set(&l);
-        let want = host_argmax(&l);
+        let want = argmax(&l[..VALID]);
         assert_eq!(
             dev.pick(&GpuSampleParams::greedy(), 0.3),
             want,
@@ -278,8 +217,9 @@ fn greedy_and_top_k_1_match_host_argmax() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn top_k_20_stays_in_the_host_top_20() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let l = llm_logits(11, 2.5, 40);
     let mut dev = Dev::new(gpu, &l);
     for (t, top_p) in [(1.0f32, 1.0f32), (0.7, 0.95), (1.3, 0.8)] {
@@ -289,7 +229,7 @@ fn top_k_20_stays_in_the_host_top_20() {
             top_p,
             min_p: 0.0,
         };
-        let kept = host_kept(&l, &p);
+        let kept = kept_real(&l, &p);
         assert!(kept.0.len() <= 20);
         let picks = draws(&dev, &p, 2000, 100 + (t * 10.0) as u64);
         check_draws(
@@ -309,10 +249,10 @@ fn top_k_20_stays_in_the_host_top_20() {
             top_p: 0.95,
             min_p: 0.0,
         };
-        let kept = host_kept(&l, &p);
+        let kept = kept_real(&l, &p);
         let picks = draws(&dev, &p, 500, seed);
         let top20: std::collections::HashSet<u32> =
-            host_kept(&l, &GpuSampleParams { top_p: 1.0, ..p })
+            kept_real(&l, &GpuSampleParams { top_p: 1.0, ..p })
                 .0
                 .into_iter()
                 .collect();
@@ -325,8 +265,9 @@ fn top_k_20_stays_in_the_host_top_20() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn strong_tokens_crowded_on_one_thread() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     // The kernel first tries each thread's own best four tokens; thread 0
     // reads ids 0..4 + 4096 m: put a dozen of the best tokens there so that
     // shortcut cannot hold the top k and the full compaction pass runs.
@@ -357,19 +298,18 @@ fn strong_tokens_crowded_on_one_thread() {
             min_p: 0.0,
         },
     ] {
-        let kept = host_kept(&l, &p);
+        let kept = kept_real(&l, &p);
         let picks = draws(&dev, &p, 1000, 71);
         // without top-k the window may be too wide to sort: then ids are walked in order
-        let id_order = picks
-            .iter()
-            .any(|&(u, id)| id != host_pick(&kept, u as f64));
+        let id_order = picks.iter().any(|&(u, id)| id != pick(&kept, u as f64));
         check_draws(&format!("crowded, {p:?}"), &picks, &kept, id_order);
     }
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn top_p_keeps_only_the_nucleus() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     // Three strong tokens with about 0.30, 0.15 and 0.10 of the mass over a
     // bulk holding 0.45: top_p = 0.5 keeps exactly those three.
     let mut r = Rng(5);
@@ -389,7 +329,7 @@ fn top_p_keeps_only_the_nucleus() {
         top_p: 0.5,
         min_p: 0.0,
     };
-    let kept = host_kept(&l, &p);
+    let kept = kept_real(&l, &p);
     assert_eq!(kept.0, vec![1234, 200_000, 77]);
     let picks = draws(&dev, &p, 2000, 7);
     check_draws("nucleus of 3", &picks, &kept, false);
@@ -401,12 +341,13 @@ fn top_p_keeps_only_the_nucleus() {
         min_p: 0.0,
     };
     let picks = draws(&dev, &p, 500, 8);
-    check_draws("nucleus of 3, top_k 50", &picks, &host_kept(&l, &p), false);
+    check_draws("nucleus of 3, top_k 50", &picks, &kept_real(&l, &p), false);
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn top_p_over_a_flat_distribution_uses_the_wide_path() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     // A nucleus of tens of thousands of tokens: thresholds found in global
     // memory, draws walk ids in order.
     let mut r = Rng(9);
@@ -422,7 +363,7 @@ fn top_p_over_a_flat_distribution_uses_the_wide_path() {
             top_p,
             min_p: 0.0,
         };
-        let kept = host_kept(&l, &p);
+        let kept = kept_real(&l, &p);
         assert!(
             kept.0.len() > 4096,
             "the nucleus should not fit the fast path"
@@ -440,8 +381,9 @@ fn top_p_over_a_flat_distribution_uses_the_wide_path() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn large_top_k_uses_the_wide_path() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let l = llm_logits(17, 1.5, 10);
     let dev = Dev::new(gpu, &l);
     for (k, top_p) in [(3000usize, 1.0f32), (5000, 0.9), (1024, 1.0), (1500, 0.7)] {
@@ -451,10 +393,10 @@ fn large_top_k_uses_the_wide_path() {
             top_p,
             min_p: 0.0,
         };
-        let kept = host_kept(&l, &p);
+        let kept = kept_real(&l, &p);
         let picks = draws(&dev, &p, 2000, k as u64);
         let topk: std::collections::HashSet<u32> =
-            host_kept(&l, &GpuSampleParams { top_p: 1.0, ..p })
+            kept_real(&l, &GpuSampleParams { top_p: 1.0, ..p })
                 .0
                 .into_iter()
                 .collect();
@@ -463,9 +405,7 @@ fn large_top_k_uses_the_wide_path() {
             "top_k {k}: drew outside the top k"
         );
         // k <= 1024 with a window that fits sorts like the CPU; otherwise id order
-        let id_order = picks
-            .iter()
-            .any(|&(u, id)| id != host_pick(&kept, u as f64));
+        let id_order = picks.iter().any(|&(u, id)| id != pick(&kept, u as f64));
         check_draws(
             &format!("top_k {k}, top_p {top_p}"),
             &picks,
@@ -476,8 +416,9 @@ fn large_top_k_uses_the_wide_path() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn min_p_excludes_low_tokens() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let mut l = llm_logits(23, 2.0, 0);
     // a handful of tokens near the top, spaced by 0.7 in logit
     for j in 0..8 {
@@ -491,12 +432,17 @@ fn min_p_excludes_low_tokens() {
             top_p: 1.0,
             min_p,
         };
-        let kept = host_kept(&l, &p);
+        let kept = kept_real(&l, &p);
         let floor = 12.0 + min_p.ln();
-        assert!(kept.0.iter().all(|&i| l[i as usize] >= floor - 1e-4));
+        assert!(kept
+            .0
+            .iter()
+            .all(|&i| l[i as usize] >= floor - MIN_P_FLOOR_SLACK));
         let picks = draws(&dev, &p, 2000, 3);
         assert!(
-            picks.iter().all(|&(_, id)| l[id as usize] >= floor - 1e-4),
+            picks
+                .iter()
+                .all(|&(_, id)| l[id as usize] >= floor - MIN_P_FLOOR_SLACK),
             "min_p {min_p}: drew below the floor"
         );
         check_draws(
@@ -519,14 +465,15 @@ fn min_p_excludes_low_tokens() {
     check_draws(
         "T 0.8, top_k 50, top_p 0.9, min_p 0.05",
         &picks,
-        &host_kept(&l, &p),
+        &kept_real(&l, &p),
         false,
     );
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn padding_and_nan_are_never_chosen() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let mut l = llm_logits(37, 1.0, 0);
     for x in &mut l[VALID..] {
         *x = 1.0e30;
@@ -573,8 +520,9 @@ fn padding_and_nan_are_never_chosen() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn same_u_gives_the_same_id() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let l = llm_logits(43, 2.0, 25);
     let dev = Dev::new(gpu, &l);
     for p in [
@@ -612,8 +560,9 @@ fn same_u_gives_the_same_id() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn small_and_degenerate_vocabularies() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let mut dev = Dev::new(gpu, &vec![0.5f32; V]);
     // fewer real tokens than threads
     let mut r = Rng(53);
@@ -627,13 +576,11 @@ fn small_and_degenerate_vocabularies() {
         top_p: 0.9,
         min_p: 0.0,
     };
-    let mut lv = l[..37].to_vec();
-    lv.resize(VALID, f32::NAN); // host_kept reads ids < VALID; NaN = not a token
-    let kept = host_kept(&lv, &p);
+    let kept37 = kept(&l[..37], p.temperature, p.top_k, p.top_p, p.min_p);
     check_draws(
         "37 tokens, top_k 5",
         &draws(&dev, &p, 2000, 59),
-        &kept,
+        &kept37,
         false,
     );
     // all NaN: 0; one +inf: that token; -inf everywhere but NaN: the first real one
@@ -658,10 +605,16 @@ fn small_and_degenerate_vocabularies() {
 }
 
 #[test]
-fn timing() {
-    let Some(gpu) = gpu() else { return };
+#[ignore = "needs a CUDA GPU"]
+fn queued_draws_match_single_draws() {
+    // As the decode loop launches them: many draws queued on the stream with
+    // no sync between them, each into its own slot, must each give the id a
+    // lone draw gives for the same u. (Also prints the time per queued draw.)
+    let gpu = gpu();
     let l = llm_logits(61, 3.0, 30);
     let dev = Dev::new(gpu, &l);
+    let n = 200;
+    let outs = dev.gpu.alloc(n * 4).unwrap();
     for p in [
         GpuSampleParams::greedy(),
         GpuSampleParams {
@@ -695,24 +648,88 @@ fn timing() {
             min_p: 0.0,
         },
     ] {
-        dev.pick(&p, 0.5);
-        let n = 200;
+        let u = |i: usize| (i as f32 + 0.5) / n as f32;
+        dev.gpu.upload(outs.ptr, &vec![-1i32; n]).unwrap();
+        dev.pick(&p, 0.5); // warm-up
         let t0 = std::time::Instant::now();
         for i in 0..n {
-            sample_into(
-                &dev.gpu,
-                dev.logits.ptr,
-                VALID,
-                &p,
-                (i as f32 + 0.5) / n as f32,
-                dev.out.ptr,
-            )
-            .unwrap();
+            sample_into(&dev.gpu, dev.logits.ptr, VALID, &p, u(i), outs.at(4 * i)).unwrap();
         }
         dev.gpu.sync().unwrap();
         println!(
-            "{p:?}: {:.1} us per draw",
+            "{p:?}: {:.1} us per queued draw",
             t0.elapsed().as_secs_f64() * 1e6 / n as f64
         );
+        let ids: Vec<i32> = dev.gpu.download(outs.ptr, n).unwrap();
+        for (i, &id) in ids.iter().enumerate() {
+            assert_eq!(
+                id,
+                dev.pick(&p, u(i)) as i32,
+                "{p:?}: queued draw {i} (u = {})",
+                u(i)
+            );
+        }
     }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bad_arguments_are_rejected_before_launch() {
+    let gpu = gpu();
+    let dev = Dev::new(gpu, &llm_logits(71, 2.0, 10));
+    let ok = GpuSampleParams {
+        temperature: 0.7,
+        top_k: 20,
+        top_p: 0.95,
+        min_p: 0.05,
+    };
+    let bad = [
+        GpuSampleParams {
+            temperature: -1.0,
+            ..ok
+        },
+        GpuSampleParams {
+            temperature: f32::NAN,
+            ..ok
+        },
+        GpuSampleParams {
+            temperature: f32::INFINITY,
+            ..ok
+        },
+        GpuSampleParams { top_p: 0.0, ..ok },
+        GpuSampleParams { top_p: 1.5, ..ok },
+        GpuSampleParams {
+            top_p: f32::NAN,
+            ..ok
+        },
+        GpuSampleParams { min_p: -0.1, ..ok },
+        GpuSampleParams { min_p: 1.5, ..ok },
+        // greedy settings are checked as well
+        GpuSampleParams {
+            top_p: 0.0,
+            ..GpuSampleParams::greedy()
+        },
+    ];
+    dev.gpu.upload(dev.out.ptr, &[-1i32]).unwrap();
+    for p in &bad {
+        assert!(
+            sample_into(&dev.gpu, dev.logits.ptr, VALID, p, 0.5, dev.out.ptr).is_err(),
+            "{p:?} accepted"
+        );
+    }
+    for valid in [0, (i32::MAX / 2) as usize + 1] {
+        for p in [ok, GpuSampleParams::greedy()] {
+            assert!(
+                sample_into(&dev.gpu, dev.logits.ptr, valid, &p, 0.5, dev.out.ptr).is_err(),
+                "{valid} logits accepted ({p:?})"
+            );
+        }
+    }
+    dev.gpu.sync().unwrap();
+    // nothing was launched: the output is untouched
+    assert_eq!(dev.gpu.download::<i32>(dev.out.ptr, 1).unwrap()[0], -1);
+    // and the settings accepted still draw
+    assert!(kept_real(&llm_logits(71, 2.0, 10), &ok)
+        .0
+        .contains(&dev.pick(&ok, 0.5)));
 }

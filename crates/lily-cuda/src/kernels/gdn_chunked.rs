@@ -25,9 +25,8 @@ use crate::gpu::{Arg, DevBuf, Gpu};
 pub const GDN_CHUNK: usize = 64;
 /// The key head dimension the kernels are compiled for.
 pub const GDN_DK: usize = 128;
-/// Chunks per pass when the launcher allocates the scratch itself (and what
-/// `gdn_chunked_scratch_bytes` sizes for): 2048 tokens, 1024 prep blocks at
-/// Hv = 32, 151 MB of scratch at Hv = 32, Dv = 128.
+/// Chunks per pass that `gdn_chunked_scratch_bytes` sizes for: 2048 tokens,
+/// 1024 prep blocks at Hv = 32, 151 MB of scratch at Hv = 32, Dv = 128.
 pub const GDN_MAX_PASS_CHUNKS: usize = 32;
 /// Threads per block of both kernels (the kernels assume exactly this).
 const THREADS: u32 = 256;
@@ -39,8 +38,7 @@ pub fn gdn_chunk_record_floats(dv: usize) -> usize {
     GDN_CHUNK * (3 * GDN_DK + dv) + GDN_CHUNK * GDN_CHUNK + 4
 }
 
-/// Bytes of scratch `gdn_chunked_prefill` uses (and allocates itself when
-/// given none) for `t` tokens: one record per (chunk, v head) for
+/// Bytes of scratch `gdn_chunked_prefill` uses for `t` tokens: one record per (chunk, v head) for
 /// min(ceil(t / 64), GDN_MAX_PASS_CHUNKS) chunks. A buffer of this size serves
 /// every t' <= t, and in fact any t (more passes).
 pub fn gdn_chunked_scratch_bytes(t: usize, hv: usize, dv: usize) -> usize {
@@ -77,13 +75,13 @@ pub fn gdn_chunked_check(hk: usize, hv: usize, dk: usize, dv: usize) -> Result<(
 /// - `o` [t, hv, dv]: the output (must not overlap `conv`).
 ///
 /// `scratch`: a buffer of at least `gdn_chunk_record_floats(dv) * hv * 4`
-/// bytes (one chunk; 16-byte aligned) — a pass covers as many chunks as it
-/// holds — or None: the launcher allocates `gdn_chunked_scratch_bytes(t, hv, dv)`
-/// bytes, and synchronises the stream before freeing them.
+/// bytes (one chunk; 16-byte aligned): a pass covers as many chunks as it
+/// holds (`gdn_chunked_scratch_bytes(t, hv, dv)` covers up to
+/// `GDN_MAX_PASS_CHUNKS`).
 #[allow(clippy::too_many_arguments)]
 pub fn gdn_chunked_prefill(
     gpu: &Gpu,
-    scratch: Option<&DevBuf>,
+    scratch: &DevBuf,
     conv: u64,
     ba: u64,
     a_log: u64,
@@ -104,26 +102,17 @@ pub fn gdn_chunked_prefill(
     }
     let chunks = t.div_ceil(GDN_CHUNK);
     let per_chunk = hv * gdn_chunk_record_floats(dv) * 4;
-    let owned;
-    let (buf, pass_chunks) = match scratch {
-        Some(b) => {
-            let cap = b.bytes / per_chunk;
-            if cap == 0 {
-                bail!(
-                    "gdn_chunked: scratch of {} bytes is below one chunk's {per_chunk}",
-                    b.bytes
-                );
-            }
-            if b.ptr % 16 != 0 {
-                bail!("gdn_chunked: scratch must be 16-byte aligned");
-            }
-            (b.ptr, cap.min(chunks))
-        }
-        None => {
-            owned = gpu.alloc(gdn_chunked_scratch_bytes(t, hv, dv))?;
-            (owned.ptr, chunks.min(GDN_MAX_PASS_CHUNKS))
-        }
-    };
+    let cap = scratch.bytes / per_chunk;
+    if cap == 0 {
+        bail!(
+            "gdn_chunked: scratch of {} bytes is below one chunk's {per_chunk}",
+            scratch.bytes
+        );
+    }
+    if !scratch.ptr.is_multiple_of(16) {
+        bail!("gdn_chunked: scratch must be 16-byte aligned");
+    }
+    let (buf, pass_chunks) = (scratch.ptr, cap.min(chunks));
     let (hk_i, hv_i, dv_i) = (hk as i32, hv as i32, dv as i32);
     let mut c = 0;
     while c < chunks {
@@ -164,10 +153,6 @@ pub fn gdn_chunked_prefill(
             ],
         )?;
         c += np;
-    }
-    if scratch.is_none() {
-        // The kernels must finish before `owned` is freed.
-        gpu.sync()?;
     }
     Ok(())
 }

@@ -111,17 +111,6 @@ impl CudaModel {
         Ok(())
     }
 
-    /// One greedy decode step fully on the device: feed the token in `s.next`
-    /// (the previous step's choice), leave the argmax there, and copy only
-    /// that id to the host.
-    pub fn decode_greedy(&self, st: &mut CudaState) -> Result<u32> {
-        self.feed_last(st)?;
-        self.decode_step(st, self.cfg.vocab_size, true)?;
-        let id = self.gpu.download::<i32>(self.s.next.ptr, 1)?[0] as u32;
-        st.last = Some(id);
-        Ok(id)
-    }
-
     /// Make `token` the one the next greedy step of `st` feeds: a no-op when
     /// it is the state's own last choice, still in `s.next`.
     pub fn set_next_token(&self, st: &mut CudaState, token: u32) -> Result<()> {

@@ -235,7 +235,7 @@ impl CudaModel {
             // prefill: the chunked (UT-transform) form, parallel over chunks
             gdn_chunked_prefill(
                 g,
-                Some(&s.gdn),
+                &s.gdn,
                 s.conv.ptr,
                 s.ba.ptr,
                 w.a_log.ptr,

@@ -63,7 +63,7 @@ pub struct CudaOptions {
     /// (sampling, log-probabilities) always run the full product
     pub greedy_head: GreedyHead,
     /// Replay each sequence's decode step from a captured CUDA graph (one
-    /// launch instead of ~400); off only to measure what the graph saves
+    /// launch instead of one a kernel); off only to measure what the graph saves
     /// (`lily bench --eager`)
     pub graphs: bool,
 }
@@ -90,7 +90,7 @@ pub struct CudaState {
     /// greedy-only step (the screened lm_head, no logits).
     graphs: [Option<StepGraph>; 2],
     /// Which state this is (`CudaModel::next_owner`), and the token it chose
-    /// last (the one `decode_greedy` feeds).
+    /// last (the one a greedy run feeds).
     id: u64,
     last: Option<u32>,
 }
@@ -123,7 +123,7 @@ struct Scratch {
     host_next: crate::gpu::HostMapped, // [2] i32 each step's choice, in slot pos & 1, for the host
     valid: DevBuf, // [1] i32 ids below this are eligible for the in-step greedy choice
     counter: DevBuf, // [1] u32 blocks done, for kernels whose last block finishes the job
-    flags: DevBuf, // [FLAG_BYTES] a decode layer's MoE route slot and GDN blocks-done count
+    flags: DevBuf, // [FLAG_BYTES] a decode layer's MoE route slot
     gdn: DevBuf,  // per-chunk records of the chunked GDN prefill
     att: DevBuf,  // split-K partials of the decode attention
     grouped: Grouped,

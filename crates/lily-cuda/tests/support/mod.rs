@@ -11,10 +11,10 @@
 //! Every test file is a crate of its own and uses only some of these.
 #![allow(dead_code)]
 
-use lily_cpu::ops::gdn::{l2norm_rows, GdnCore, GdnForm};
-use lily_cpu::ops::{sigmoid, softplus};
+use lily_cpu::ops::gdn::{prepare, GdnForm};
 use lily_cuda::gpu::{Gpu, GpuOptions};
 use lily_model::tensor::Procedural;
+use lily_model::DType;
 
 /// The GPU with the product's options (a test that runs at all must have one).
 pub fn gpu() -> Gpu {
@@ -77,21 +77,9 @@ pub fn round_bf16(v: &[f32]) -> Vec<f32> {
 
 // ------------------------------------------------------------------ GDN core
 
-/// The GDN core's heads and head dimensions.
-#[derive(Clone, Copy, Debug)]
-pub struct GdnDims {
-    pub hk: usize,
-    pub hv: usize,
-    pub dk: usize,
-    pub dv: usize,
-}
-
-impl GdnDims {
-    /// Width of a post-conv row: q | k | v.
-    pub fn conv_width(&self) -> usize {
-        2 * self.hk * self.dk + self.hv * self.dv
-    }
-}
+/// The GDN core's heads and head dimensions: lily-cpu's, so the tests and the
+/// reference speak of one shape type.
+pub use lily_cpu::ops::gdn::GdnDims;
 
 /// Inputs of one GDN layer's core for `t` tokens, as the kernels take them.
 pub struct GdnInputs {
@@ -106,45 +94,23 @@ pub struct GdnInputs {
     pub s0: Vec<f32>,
 }
 
-/// The CPU reference, its inputs built exactly as `lily_cpu::ops::gdn::gdn`
-/// builds them (f32 throughout): (o [t, Hv, Dv], final state).
+/// The CPU reference: lily-cpu's own preparation of the core's inputs
+/// ([`prepare`], f32 throughout, as `lily_cpu::ops::gdn::gdn` calls it) and
+/// its recurrent core: (o [t, Hv, Dv], final state).
 pub fn gdn_cpu_reference(d: GdnDims, x: &GdnInputs) -> (Vec<f32>, Vec<f32>) {
-    let GdnDims { hk, hv, dk, dv } = d;
-    let (t, c) = (x.t, d.conv_width());
-    let beta: Vec<f32> = (0..t * hv)
-        .map(|i| sigmoid(x.ba[(i / hv) * 2 * hv + i % hv]))
-        .collect();
-    let g: Vec<f32> = (0..t * hv)
-        .map(|i| {
-            let j = i % hv;
-            -x.a_log[j].exp() * softplus(x.ba[(i / hv) * 2 * hv + hv + j] + x.dt_bias[j])
-        })
-        .collect();
-    let (kd, vd) = (hk * dk, hv * dv);
-    let mut q = vec![0f32; t * kd];
-    let mut k = vec![0f32; t * kd];
-    let mut v = vec![0f32; t * vd];
-    for ti in 0..t {
-        let row = &x.conv[ti * c..(ti + 1) * c];
-        q[ti * kd..(ti + 1) * kd].copy_from_slice(&row[..kd]);
-        k[ti * kd..(ti + 1) * kd].copy_from_slice(&row[kd..2 * kd]);
-        v[ti * vd..(ti + 1) * vd].copy_from_slice(&row[2 * kd..]);
-    }
-    l2norm_rows(&mut q, dk, (dk as f32).powf(-0.5));
-    l2norm_rows(&mut k, dk, 1.0);
-    let core = GdnCore {
-        t,
-        hk,
-        hv,
-        dk,
-        dv,
-        q: &q,
-        k: &k,
-        v: &v,
-        g: &g,
-        beta: &beta,
-    };
+    assert_eq!(x.ba.len(), x.t * 2 * d.hv, "ba is not [t, 2 Hv]");
+    let b: Vec<f32> =
+        x.ba.chunks(2 * d.hv)
+            .flat_map(|r| &r[..d.hv])
+            .copied()
+            .collect();
+    let a: Vec<f32> =
+        x.ba.chunks(2 * d.hv)
+            .flat_map(|r| &r[d.hv..])
+            .copied()
+            .collect();
+    let p = prepare(d, &x.conv, &b, &a, &x.a_log, &x.dt_bias, DType::F32);
     let mut s = x.s0.clone();
-    let o = core.run(&mut s, GdnForm::Recurrent);
+    let o = p.core().run(&mut s, GdnForm::Recurrent);
     (o, s)
 }
