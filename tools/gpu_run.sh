@@ -7,7 +7,7 @@
 #   tools/gpu_run.sh tests          -> every GPU test (--include-ignored)
 #   tools/gpu_run.sh accept         -> a change that must keep behaviour and speed: this bundle and
 #                                      .carry/old in one run (tests of both, decode at 4k/32k
-#                                      interleaved, logits of both compared, 40 layers vs transformers)
+#                                      interleaved, the logits of both compared); then `e2e`
 #   tools/gpu_run.sh side           -> Lily beside transformers + fla on the same weights, the decode
 #                                      roofline at 4k, 131k decode, the full-head rows
 #   tools/gpu_run.sh variants       -> decode at 4k/32k of this bundle and every .carry/variants/*, interleaved
@@ -158,7 +158,6 @@ same = float((a.argmax(1) == b.argmax(1)).mean())
 print(f"logits old vs new (full4, 1,100 tokens, decode from 1,050): bit-identical {bool((a == b).all())}, rel L2 {rel:.3e}, same top-1 {same:.4f}")
 PY
 )"
-  e2e full 1100 1050
   ;;
 side)
   # Lily and transformers + fla on the same random weights, in this run
@@ -187,6 +186,21 @@ variants)
 e2e)
   e2e full4 1100 1050
   e2e full 1100 1050
+  # with an old bundle carried, its 40-layer logits on the same tokens against this one's
+  if [ -f "$carry/old/bundle.tar.xz" ]; then
+    unpack "$carry/old"
+    ids=$(python3 -c "import json;print(','.join(map(str,json.load(open('/tmp/toks-full.json')))))")
+    "$carry/old/lily" logits --device cuda --synthetic full --max-seq 1116 --tokens "$ids" --decode-from 1050 \
+      --out /tmp/lily-full-old.safetensors > "$logs/logits-full-old.log" 2>&1 || note "old full logits FAILED"
+    note "$(python3 - <<'PY'
+import numpy as np
+from safetensors.numpy import load_file
+a = load_file('/tmp/lily-full-old.safetensors')['logits'].astype(np.float64)
+b = load_file('/tmp/lily-full.safetensors')['logits'].astype(np.float64)
+print(f"logits old vs new (full, 40 layers): bit-identical {bool((a == b).all())}, rel L2 {float(np.linalg.norm(a - b) / np.linalg.norm(a)):.3e}, same top-1 {float((a.argmax(1) == b.argmax(1)).mean()):.4f}")
+PY
+)"
+  fi
   ;;
 trace)
   # one decode step's timeline (the trace build of the kernels; its tok/s are not speed figures)
