@@ -66,54 +66,53 @@ fn prompt(tok: &Tokenizer) -> Vec<u32> {
 #[ignore = "needs a CUDA GPU"]
 fn greedy_on_the_device_equals_greedy_on_the_host() {
     let tok = Tokenizer::builtin();
-    for model in ["full4"] {
-        let b = cuda(model);
-        let p = prompt(&tok);
-        for (prompt, n) in [(&p[..], 48), (&p[..1], 16)] {
-            let req = request(prompt, SamplingParams::greedy(), n);
-            let (dev, host) = (on_device(&b, &tok, &req), on_host(&b, &tok, &req));
-            assert_eq!(dev.tokens.len(), n);
-            assert_eq!(
-                dev.tokens, host.tokens,
-                "{model}: greedy differs between device and host choice"
-            );
-            assert_eq!(dev.text, host.text);
-            // a stop id part-way: the device pipeline has queued the step
-            // after it, yet the output ends where the host's does
-            let stop = host.tokens[n / 3];
-            let cut = host.tokens.iter().position(|&t| t == stop).unwrap();
-            let mut req_stop = req.clone();
-            req_stop.stop_ids = vec![stop];
-            let d = on_device(&b, &tok, &req_stop);
-            assert_eq!(d.tokens, host.tokens[..cut], "{model}: stop id {stop}");
-            assert_eq!(d.finish, FinishReason::Stop);
-            // cancelled by the text observer after the first non-empty piece
-            let mut pieces = 0;
-            let d = generate(&b, &tok, &req, &mut |_| {
-                pieces += 1;
-                false
-            })
-            .unwrap();
-            assert_eq!(d.finish, FinishReason::Cancelled);
-            assert_eq!(pieces, 1);
-            assert_eq!(d.tokens, host.tokens[..d.tokens.len()]);
-            // top_k = 1 is greedy too
-            let req = request(
-                prompt,
-                SamplingParams {
-                    temperature: 0.7,
-                    top_k: 1,
-                    seed: Some(3),
-                    ..SamplingParams::greedy()
-                },
-                n,
-            );
-            assert_eq!(
-                on_device(&b, &tok, &req).tokens,
-                host.tokens,
-                "{model}: top_k = 1"
-            );
-        }
+    let model = "full4";
+    let b = cuda(model);
+    let p = prompt(&tok);
+    for (prompt, n) in [(&p[..], 48), (&p[..1], 16)] {
+        let req = request(prompt, SamplingParams::greedy(), n);
+        let (dev, host) = (on_device(&b, &tok, &req), on_host(&b, &tok, &req));
+        assert_eq!(dev.tokens.len(), n);
+        assert_eq!(
+            dev.tokens, host.tokens,
+            "{model}: greedy differs between device and host choice"
+        );
+        assert_eq!(dev.text, host.text);
+        // a stop id part-way: the device pipeline has queued the step
+        // after it, yet the output ends where the host's does
+        let stop = host.tokens[n / 3];
+        let cut = host.tokens.iter().position(|&t| t == stop).unwrap();
+        let mut req_stop = req.clone();
+        req_stop.stop_ids = vec![stop];
+        let d = on_device(&b, &tok, &req_stop);
+        assert_eq!(d.tokens, host.tokens[..cut], "{model}: stop id {stop}");
+        assert_eq!(d.finish, FinishReason::Stop);
+        // cancelled by the text observer after the first non-empty piece
+        let mut pieces = 0;
+        let d = generate(&b, &tok, &req, &mut |_| {
+            pieces += 1;
+            false
+        })
+        .unwrap();
+        assert_eq!(d.finish, FinishReason::Cancelled);
+        assert_eq!(pieces, 1);
+        assert_eq!(d.tokens, host.tokens[..d.tokens.len()]);
+        // top_k = 1 is greedy too
+        let req = request(
+            prompt,
+            SamplingParams {
+                temperature: 0.7,
+                top_k: 1,
+                seed: Some(3),
+                ..SamplingParams::greedy()
+            },
+            n,
+        );
+        assert_eq!(
+            on_device(&b, &tok, &req).tokens,
+            host.tokens,
+            "{model}: top_k = 1"
+        );
     }
 }
 
@@ -121,58 +120,57 @@ fn greedy_on_the_device_equals_greedy_on_the_host() {
 #[ignore = "needs a CUDA GPU"]
 fn seeded_sampling_on_the_device_repeats() {
     let tok = Tokenizer::builtin();
-    for model in ["full4"] {
-        let b = cuda(model);
-        let p = prompt(&tok);
-        let sampling = |seed| SamplingParams {
-            temperature: 1.0,
-            top_k: 50,
-            top_p: 0.9,
-            min_p: 0.01,
-            seed: Some(seed),
-            ..SamplingParams::greedy()
-        };
-        let n = 32;
-        let run = |seed| on_device(&b, &tok, &request(&p, sampling(seed), n));
-        let a = run(7);
-        assert_eq!(a.tokens.len(), n);
-        assert_eq!(
-            a.tokens,
-            run(7).tokens,
-            "{model}: the same seed gave another run"
-        );
-        assert!(
-            (8..12).any(|seed| run(seed).tokens != a.tokens),
-            "{model}: every seed gave the same run"
-        );
-        assert!(
-            a.tokens.iter().all(|&t| (t as usize) < tok.len()),
-            "{model}: padding id sampled"
-        );
-        // Without top-k the candidate window can be wide (the device's bisection path).
-        let wide = SamplingParams {
-            temperature: 1.5,
-            seed: Some(9),
-            ..SamplingParams::greedy()
-        };
-        let (w1, w2) = (
-            on_device(&b, &tok, &request(&p, wide.clone(), n)),
-            on_device(&b, &tok, &request(&p, wide, n)),
-        );
-        assert_eq!(w1.tokens, w2.tokens, "{model}: wide window not repeatable");
-        assert!(
-            w1.tokens.iter().all(|&t| (t as usize) < tok.len()),
-            "{model}: padding id sampled"
-        );
-        // The device draws the host's uniforms: with top-k 50 it usually makes
-        // the host's choice too (up to rounding), so the runs agree for a while.
-        let h = on_host(&b, &tok, &request(&p, sampling(7), n));
-        let same = a
-            .tokens
-            .iter()
-            .zip(&h.tokens)
-            .take_while(|(x, y)| x == y)
-            .count();
-        eprintln!("{model}: device and host sampling agree on the first {same} of {n} tokens");
-    }
+    let model = "full4";
+    let b = cuda(model);
+    let p = prompt(&tok);
+    let sampling = |seed| SamplingParams {
+        temperature: 1.0,
+        top_k: 50,
+        top_p: 0.9,
+        min_p: 0.01,
+        seed: Some(seed),
+        ..SamplingParams::greedy()
+    };
+    let n = 32;
+    let run = |seed| on_device(&b, &tok, &request(&p, sampling(seed), n));
+    let a = run(7);
+    assert_eq!(a.tokens.len(), n);
+    assert_eq!(
+        a.tokens,
+        run(7).tokens,
+        "{model}: the same seed gave another run"
+    );
+    assert!(
+        (8..12).any(|seed| run(seed).tokens != a.tokens),
+        "{model}: every seed gave the same run"
+    );
+    assert!(
+        a.tokens.iter().all(|&t| (t as usize) < tok.len()),
+        "{model}: padding id sampled"
+    );
+    // Without top-k the candidate window can be wide (the device's bisection path).
+    let wide = SamplingParams {
+        temperature: 1.5,
+        seed: Some(9),
+        ..SamplingParams::greedy()
+    };
+    let (w1, w2) = (
+        on_device(&b, &tok, &request(&p, wide.clone(), n)),
+        on_device(&b, &tok, &request(&p, wide, n)),
+    );
+    assert_eq!(w1.tokens, w2.tokens, "{model}: wide window not repeatable");
+    assert!(
+        w1.tokens.iter().all(|&t| (t as usize) < tok.len()),
+        "{model}: padding id sampled"
+    );
+    // The device draws the host's uniforms: with top-k 50 it usually makes
+    // the host's choice too (up to rounding), so the runs agree for a while.
+    let h = on_host(&b, &tok, &request(&p, sampling(7), n));
+    let same = a
+        .tokens
+        .iter()
+        .zip(&h.tokens)
+        .take_while(|(x, y)| x == y)
+        .count();
+    eprintln!("{model}: device and host sampling agree on the first {same} of {n} tokens");
 }

@@ -9,6 +9,7 @@ use crate::gpu::{Arg, Gpu};
 /// Per row t of `t` rows: x[t] += delta[t] (when `delta` is given), then
 /// out[t] = bf16(x[t] * rsqrt(mean(x[t]^2) + eps) * w1p) (`add_rmsnorm_kernel`).
 /// `x`, `delta` [t, d] f32, `w1p` [d] f32 (1 + w), `out` [t, d] bf16.
+#[allow(clippy::too_many_arguments)]
 pub fn add_rmsnorm(
     gpu: &Gpu,
     x: u64,
@@ -41,6 +42,7 @@ pub fn add_rmsnorm(
 /// The GDN output norm of `rows` heads of `dv` values (`gated_rmsnorm_kernel`):
 /// out = bf16(w * (o * rsqrt(mean(o^2) + eps)) * silu(z)) per head.
 /// `o`, `z` [rows, dv] f32, `w` [dv] f32 (plain weight), `out` [rows, dv] bf16.
+#[allow(clippy::too_many_arguments)]
 pub fn gated_rmsnorm(
     gpu: &Gpu,
     o: u64,
