@@ -93,11 +93,6 @@ impl TraceBufs {
 }
 
 impl Gpu {
-    /// Whether the kernels are the trace build.
-    pub fn tracing(&self) -> bool {
-        self.trace.is_some()
-    }
-
     /// Empty the ring (the next block takes ticket 0).
     pub fn trace_clear(&self) -> Result<()> {
         if let Some(t) = &self.trace {

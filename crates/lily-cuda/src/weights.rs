@@ -9,6 +9,10 @@ use lily_model::weights::{Ffn, MixerWeights};
 use lily_model::{Config, Mat, Weights};
 
 use crate::gpu::{DevBuf, Gpu};
+use crate::kernels::attention::Heads;
+use crate::kernels::gdn::gdn_decode_check;
+use crate::kernels::gdn_chunked::{gdn_chunked_check, GDN_DK};
+use crate::kernels::moe::MoeDims;
 
 pub struct DevAttention {
     /// [Hq * Dh * 2, D]
@@ -186,58 +190,55 @@ impl Uploader<'_> {
     }
 }
 
+/// The checkpoint's shapes against every kernel's, before anything is
+/// uploaded: the typed launchers' own checks, so a geometry the kernels do not
+/// cover fails at load, naming the size, not at the first step.
+pub fn check_geometry(cfg: &Config) -> Result<()> {
+    if cfg.linear_key_head_dim != GDN_DK {
+        bail!(
+            "the CUDA GDN kernels are built for linear_key_head_dim {GDN_DK}, the checkpoint has {}",
+            cfg.linear_key_head_dim
+        );
+    }
+    let heads = Heads {
+        hq: cfg.num_attention_heads,
+        hkv: cfg.num_key_value_heads,
+        dh: cfg.head_dim,
+    };
+    heads.check("the CUDA attention kernels")?;
+    if cfg.rotary_dim > cfg.head_dim || !cfg.rotary_dim.is_multiple_of(2) {
+        bail!(
+            "the CUDA RoPE needs an even rotary_dim <= head_dim, got {} of {}",
+            cfg.rotary_dim,
+            cfg.head_dim
+        );
+    }
+    let (hk, hv, dk, dv) = (
+        cfg.linear_num_key_heads,
+        cfg.linear_num_value_heads,
+        cfg.linear_key_head_dim,
+        cfg.linear_value_head_dim,
+    );
+    gdn_decode_check(hk, hv, dk, dv, cfg.linear_conv_kernel_dim)?;
+    gdn_chunked_check(hk, hv, dk, dv)?;
+    MoeDims {
+        d: cfg.hidden_size,
+        e: cfg.num_experts,
+        k: cfg.num_experts_per_tok,
+        f: cfg.moe_intermediate_size,
+        fs: cfg.shared_expert_intermediate_size,
+    }
+    .check("the CUDA MoE kernels")
+}
+
 pub fn upload(
     gpu: &Gpu,
     cfg: &Config,
     w: &Weights,
     progress: &dyn Fn(usize, usize),
 ) -> Result<DevWeights> {
-    if cfg.linear_key_head_dim != 128 {
-        bail!(
-            "the CUDA GDN kernel is built for linear_key_head_dim 128, the checkpoint has {}",
-            cfg.linear_key_head_dim
-        );
-    }
-    if cfg.head_dim > 256
-        || !cfg.head_dim.is_multiple_of(32)
-        || !cfg.linear_value_head_dim.is_multiple_of(32)
-        || cfg.linear_conv_kernel_dim > 8
-    {
-        bail!(
-            "the CUDA kernels need head_dim <= 256 and a multiple of 32, linear_value_head_dim a multiple of 32, conv width <= 8 (got {}, {}, {})",
-            cfg.head_dim,
-            cfg.linear_value_head_dim,
-            cfg.linear_conv_kernel_dim
-        );
-    }
-    // the fused GDN decode kernel's shapes (Dv 128, conv width 4, Hv / Hk 1 or 2)
-    crate::kernels::gdn::gdn_decode_check(
-        cfg.linear_num_key_heads,
-        cfg.linear_num_value_heads,
-        cfg.linear_key_head_dim,
-        cfg.linear_value_head_dim,
-        cfg.linear_conv_kernel_dim,
-    )?;
-    if cfg.num_experts > 256 || cfg.num_experts_per_tok > 8 {
-        bail!(
-            "the CUDA router's top-K is built for at most 256 experts and 8 per token (got {} and {})",
-            cfg.num_experts,
-            cfg.num_experts_per_tok
-        );
-    }
-    let (d, f, fs) = (
-        cfg.hidden_size,
-        cfg.moe_intermediate_size,
-        cfg.shared_expert_intermediate_size,
-    );
-    if d % 8 != 0
-        || f % 8 != 0
-        || fs % 8 != 0
-        || cfg.num_experts > 256
-        || cfg.num_experts_per_tok > 16
-    {
-        bail!("the CUDA kernels need hidden and FFN sizes that are multiples of 8, at most 256 experts and top-k <= 16");
-    }
+    check_geometry(cfg)?;
+    let (d, f) = (cfg.hidden_size, cfg.moe_intermediate_size);
     let mut up = Uploader {
         gpu,
         stage: Vec::new(),

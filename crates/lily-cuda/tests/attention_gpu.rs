@@ -396,7 +396,7 @@ fn run_decode(g: &Gpu, d: &Dev, splits: usize, gated: bool) -> Vec<f32> {
         d.s.heads(),
         d.s.scale(),
         gated,
-        d.scratch.ptr,
+        &d.scratch,
         splits,
     )
     .unwrap();

@@ -48,10 +48,9 @@ fn screened_greedy_matches_the_full_argmax() {
         greedy_lm_head(&g, &wb, xb.ptr, y.ptr, n, k, valid_buf.ptr, best.ptr).unwrap();
         greedy_finish(&g, best.ptr, next.ptr, pos.ptr, 0, 0, 0).unwrap();
         let full = g.download::<i32>(next.ptr, 1).unwrap()[0];
-        let hs = HeadScreen::build(&g, wb.ptr, n).unwrap();
+        let hs = HeadScreen::build(&g, &wb, n).unwrap();
         g.upload(next.ptr, &[-1i32]).unwrap();
-        hs.launch(&g, wb.ptr, xb.ptr, valid_buf.ptr, best.ptr)
-            .unwrap();
+        hs.launch(&g, &wb, xb.ptr, valid_buf.ptr, best.ptr).unwrap();
         let thr = g.download::<u32>(hs.threshold(), 1).unwrap()[0];
         if thr != 0 {
             // the threshold back as a float (order_key's inverse)

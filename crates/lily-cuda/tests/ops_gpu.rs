@@ -404,7 +404,7 @@ fn moe_experts() {
                 h: hb.ptr,
                 route,
                 // the L2 prefetch ahead (no effect on the output)
-                ahead: Some(&experts.shared_down),
+                ahead: &experts.shared_down,
             },
         )
         .unwrap()

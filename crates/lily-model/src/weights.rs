@@ -520,7 +520,7 @@ pub fn synthetic(cfg: &Config, seed: u64) -> Weights {
     // stream is then the same at any depth, and 40 random layers stay a
     // gentle, non-chaotic map, as trained models are. Two correct bf16
     // engines then agree closely at full depth and a comparison finds bugs,
-    // not amplified rounding (measured on the H200, see BENCHMARKS.md).
+    // not amplified rounding (benchmarks/LEDGER.md, row 3).
     let branch = 0.4 / (cfg.layer_kinds.len().max(1) as f32).sqrt();
     let counter = std::cell::Cell::new(0u64);
     let next = |shape: Vec<usize>, mean: f32, std: f32| -> Arc<Tensor> {

@@ -435,12 +435,12 @@ fn builtin_from_dir_roundtrip() {
 /// With `LILY_CHAT_TEMPLATE=path/to/chat_template.jinja` (e.g. the released
 /// checkpoint's own file), render every fixture with that template too: the
 /// official Qwen3.6 template must give the same text as Lily's built-in one.
+/// Ignored unless asked for (`-- --ignored`), since no checkpoint is here.
 #[test]
+#[ignore = "needs LILY_CHAT_TEMPLATE=path/to/a released checkpoint's chat_template.jinja"]
 fn external_template_matches_fixtures() {
-    let Ok(path) = std::env::var("LILY_CHAT_TEMPLATE") else {
-        eprintln!("LILY_CHAT_TEMPLATE not set; skipped");
-        return;
-    };
+    let path = std::env::var("LILY_CHAT_TEMPLATE")
+        .expect("LILY_CHAT_TEMPLATE names the template to check");
     let src = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let tpl = ChatTemplate::from_source(&src).unwrap();
     let fx = fixtures();

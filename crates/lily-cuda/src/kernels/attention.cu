@@ -160,7 +160,6 @@ extern "C" __global__ void attention_kernel(const float* __restrict__ q, const b
 #define ATTD_HEADS 8
 #define ATTD_BATCH 16
 #define ATTD_MERGE_WARPS 8
-#define ATTD_MAX_SPLITS 1024
 #define ATTD_LOG2E 1.4426950408889634f
 // Row stride of the [head][dim] output tile: dim d sits at d + d / 8. A
 // fragment register's lanes hold heads 2t (+1) and dims 8g apart, i.e. words
@@ -181,7 +180,7 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], unsigned a0, unsigned a1
 }
 
 // A 16-byte global load through L2 only (.cg: a cache row rewritten after a
-// rewind must not be served from a stale L1 line; common.cuh, input_wait),
+// rewind must not be served from a stale L1 line; common.cuh, pdl_wait),
 // kept in PTX where it is written (see mma_bf16).
 __device__ __forceinline__ uint4 ld_v4(const void* p) {
     uint4 v;
@@ -466,7 +465,7 @@ extern "C" __global__ void __launch_bounds__(ATTD_WARPS * 32, 2)
 // reduction, no barrier), so the block meets once, to add its warps' sums.
 // Empty splits hold m = -inf, l = 0, acc = 0 and are skipped.
 // Past 264 splits the rest are read split by split (any count works; the
-// host caps it at ATTD_MAX_SPLITS). part: as written by
+// host caps it at ATTENTION_DECODE_MAX_SPLITS, kernels/attention.rs). part: as written by
 // attention_decode_partial_kernel; qg: [Hq, (1 + gated) * Dh] f32, per head [query | gate];
 // out: [Hq * Dh] bf16 = attn * sigmoid(gate).
 #define ATTD_MERGE_UNROLL 33

@@ -27,7 +27,7 @@
 use anyhow::{bail, Result};
 
 use super::Kernel;
-use crate::gpu::{Arg, Gpu};
+use crate::gpu::{Arg, DevBuf, Gpu};
 
 /// The attention layer's sizes: query heads, KV heads, head dim.
 #[derive(Clone, Copy, Debug)]
@@ -184,9 +184,9 @@ pub fn attention(
     )
 }
 
-/// The largest split count `attention_decode` takes (kernels/attention.cu,
-/// ATTD_MAX_SPLITS): past 264 the merge reads the rest split by split, so
-/// more splits only cost time; the split rule never goes past 264.
+/// The largest split count `attention_decode` takes: past 264 the merge
+/// kernel reads the rest split by split, so more splits only cost time; the
+/// split rule never goes past 264 (the GPU tests check the kernels up to this).
 pub const ATTENTION_DECODE_MAX_SPLITS: usize = 1024;
 /// Keys per split at `max_seq` below which `attention_decode_splits` uses fewer
 /// splits.
@@ -253,8 +253,8 @@ pub fn attention_decode_check(heads: Heads, splits: usize) -> Result<()> {
 /// Gpu's stream; writes what `attention` writes at t = 1.
 ///
 /// `scratch`: at least `attention_decode_scratch_bytes(hq, dh, splits)` bytes,
-/// 16-byte aligned, owned by this call until it completes on the stream (no
-/// initialisation needed). `q`, `kcache` and `vcache` must be 16-byte aligned.
+/// owned by this call until it completes on the stream (no initialisation
+/// needed). `q`, `kcache` and `vcache` must be 16-byte aligned.
 /// `splits` is usually `attention_decode_splits(max_seq)`; any value in range
 /// gives the same result up to f32 rounding.
 pub fn attention_decode(
@@ -263,10 +263,18 @@ pub fn attention_decode(
     heads: Heads,
     scale: f32,
     gated: bool,
-    scratch: u64,
+    scratch: &DevBuf,
     splits: usize,
 ) -> Result<()> {
     attention_decode_check(heads, splits)?;
+    let need = attention_decode_scratch_bytes(heads.hq, heads.dh, splits);
+    if scratch.bytes < need {
+        bail!(
+            "attention_decode: a scratch of {} bytes for the {need} of {splits} splits",
+            scratch.bytes
+        );
+    }
+    let scratch = scratch.ptr;
     if !(a.q | a.kcache | a.vcache | scratch).is_multiple_of(16) {
         bail!("attention_decode: q, kcache, vcache and scratch must be 16-byte aligned");
     }

@@ -248,8 +248,8 @@ __device__ __forceinline__ void trace_waited() {}
 // the wait, whatever an earlier kernel wrote is read
 // through L2 (__ldcg, load8_cg): a block launched early shares its SM's L1
 // with the previous kernel's blocks, which may have cached the old contents
-// of a buffer that kernel then rewrote (gemv_add_norm reads h, then its last
-// block writes h), and no launch boundary invalidates those lines.
+// of a buffer that kernel then rewrote (gemv_add reads h, then the router
+// writes it), and no launch boundary invalidates those lines.
 __device__ __forceinline__ void pdl_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     trace_waited();

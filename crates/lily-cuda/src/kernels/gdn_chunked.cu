@@ -1,6 +1,6 @@
-// Gated DeltaNet prefill in the chunked (UT-transform) form: the same function
-// as gdn_recurrent_kernel (kernels/gdn.cu; same inputs, same state, same
-// output), computed chunk by chunk as lily-cpu's `GdnCore::head_chunked`.
+// Gated DeltaNet prefill in the chunked (UT-transform) form: the gated delta
+// recurrence of lily-cpu's `GdnCore` (same inputs, same state, same output),
+// computed chunk by chunk as its `head_chunked`.
 //
 // Within a chunk of n <= 64 tokens (v head j, its q/k head j / (Hv/Hk)), with
 // q, k L2-normalised (q also scaled by Dk^-1/2), beta = sigmoid(b),
@@ -12,7 +12,7 @@
 //   S  <- exp(gam_{n-1}) S + sum_i exp(gam_{n-1} - gam_i) k_i v'_i^T
 // Every exponent above is <= 0, so nothing overflows.
 //
-// Two kernels (the fla split), launched by lily_cuda::gdn::gdn_chunked_prefill
+// Two kernels (the fla split), launched by kernels/gdn_chunked.rs gdn_chunked_prefill
 // once per pass of at most a few dozen chunks (the scratch buffer bounds a pass;
 // passes start on chunk boundaries, so only the sequence's last chunk is partial):
 //
@@ -87,7 +87,7 @@ extern "C" __global__ void gdn_chunk_prep_kernel(const float* __restrict__ conv,
     float* P = U + (long)CH * Dv;
     float* gl = P + CH * CH;
 
-    // Inverse norms (q's with the Dk^-1/2 scale), as gdn_recurrent_kernel; 0 on padding rows.
+    // Inverse norms (q's with the Dk^-1/2 scale), as the CPU's prepare; 0 on padding rows.
     for (int i = warp; i < CH; i += (NTHR / 32)) {
         float qs = 0.f, ks = 0.f;
         if (i < n) {

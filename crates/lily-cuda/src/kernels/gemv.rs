@@ -76,7 +76,7 @@ pub fn gemv3(
     input: Normed,
     k: usize,
     p: [Projection; 3],
-    clear: Option<(u64, usize)>,
+    clear: (u64, usize),
 ) -> Result<()> {
     check_k("gemv3", k)?;
     if k > STAGED_MAX {
@@ -89,7 +89,7 @@ pub fn gemv3(
         rows += e.rows;
         args.extend([Arg::Ptr(e.w.ptr), Arg::Ptr(e.y), Arg::I32(e.rows as i32)]);
     }
-    let (clear, words) = clear.unwrap_or((0, 0));
+    let (clear, words) = clear;
     if words > 256 {
         bail!("gemv3: {words} words to clear (block 0 clears one a thread, 256 at most)");
     }

@@ -17,6 +17,17 @@ pub const SCREEN_HIDDEN: usize = 2048;
 const SCREEN_BLOCK_ROWS: usize = 16;
 const PICK_TILE: usize = 1024;
 
+/// The bf16 head the screen reads: [v, SCREEN_HIDDEN].
+fn check_head(w: &DevBuf, v: usize) -> Result<()> {
+    if w.bytes < v * SCREEN_HIDDEN * 2 {
+        bail!(
+            "lm_head screen: a head of {} bytes for {v} rows of {SCREEN_HIDDEN} bf16",
+            w.bytes
+        );
+    }
+    Ok(())
+}
+
 /// The int8 copy of a [V, SCREEN_HIDDEN] bf16 head and the screen's scratch.
 pub struct HeadScreen {
     q: DevBuf,
@@ -28,9 +39,8 @@ pub struct HeadScreen {
 }
 
 impl HeadScreen {
-    /// Whether a model of `cfg` gets the screen with it switched `on`
-    /// (`CudaOptions::head_screen`): the kernels are written for the
-    /// released hidden size.
+    /// Whether a model of `cfg` gets the screen when asked for (`on`:
+    /// `GreedyHead::Screen`): the kernels are written for the released hidden size.
     pub fn applies(cfg: &Config, on: bool) -> bool {
         on && cfg.hidden_size == SCREEN_HIDDEN
     }
@@ -48,10 +58,11 @@ impl HeadScreen {
     }
 
     /// Quantize the bf16 head `w` [v, SCREEN_HIDDEN] (head_quantize_kernel, once).
-    pub fn build(gpu: &Gpu, w: u64, v: usize) -> Result<HeadScreen> {
+    pub fn build(gpu: &Gpu, w: &DevBuf, v: usize) -> Result<HeadScreen> {
         if v == 0 || v > i32::MAX as usize / 2 {
             bail!("lm_head screen: {v} rows");
         }
+        check_head(w, v)?;
         let hs = HeadScreen {
             q: gpu.alloc(v * SCREEN_HIDDEN)?,
             scale: gpu.alloc(v * 4)?,
@@ -67,7 +78,7 @@ impl HeadScreen {
             (256, 1, 1),
             0,
             &[
-                Arg::Ptr(w),
+                Arg::Ptr(w.ptr),
                 Arg::I32(v as i32),
                 Arg::I32(SCREEN_HIDDEN as i32),
                 Arg::Ptr(hs.q.ptr),
@@ -83,7 +94,8 @@ impl HeadScreen {
     /// bf16 input `x` [SCREEN_HIDDEN], folded into `best` (argmax_entry form,
     /// 0 before) as `greedy_lm_head` does; `greedy_finish` with `clear` =
     /// `self.threshold()` then takes it. `w` is the bf16 head the copy was built from.
-    pub fn launch(&self, gpu: &Gpu, w: u64, x: u64, valid: u64, best: u64) -> Result<()> {
+    pub fn launch(&self, gpu: &Gpu, w: &DevBuf, x: u64, valid: u64, best: u64) -> Result<()> {
+        check_head(w, self.v)?;
         gpu.launch(
             Kernel::HeadScreen,
             (self.v.div_ceil(SCREEN_BLOCK_ROWS) as u32, 1, 1),
@@ -109,7 +121,7 @@ impl HeadScreen {
                 Arg::Ptr(self.hi.ptr),
                 Arg::Ptr(self.lo.ptr),
                 Arg::Ptr(valid),
-                Arg::Ptr(w),
+                Arg::Ptr(w.ptr),
                 Arg::Ptr(x),
                 Arg::I32(self.v as i32),
                 Arg::Ptr(best),

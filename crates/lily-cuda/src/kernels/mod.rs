@@ -50,7 +50,8 @@ pub struct KernelInfo {
     /// Its id in the decode-step timeline (crate::trace; 0: not traced). The
     /// build defines `LILY_TK_<name>` to it, which the kernel's `TRACE(name)` reads.
     pub trace: u32,
-    /// The profile group its time counts in (the decode roofline's rows).
+    /// The kernel's role in a step, which `--trace` summaries group by (the
+    /// decode roofline's rows split the projections further, by mixer).
     pub group: &'static str,
 }
 

@@ -276,9 +276,9 @@ __device__ __forceinline__ void gate_up_dots(const bf16* __restrict__ g, const b
 // One decode token: each block of a routed slot runs the top-K of the
 // router's logits itself after the wait (route_block, ids only).
 // (At most 80 registers: three 256-thread blocks an SM, 576 blocks in 1.45
-// waves instead of 2.2. Tried and dropped: each block asking L2 to prefetch
-// its share of its expert's down matrix: the down product gained 0.6 us a
-// layer, this kernel lost more, its DRAM stream being 50% longer.)
+// waves instead of 2.2. No L2 prefetch of the routed experts' down matrices
+// here: it lengthens this kernel's DRAM stream by more than the down product
+// gains; benchmarks/LEDGER.md.)
 extern "C" __global__ void __launch_bounds__(256, 3)
     moe_gate_up_kernel(const bf16* __restrict__ x, const bf16* __restrict__ gate_up,
                        const bf16* __restrict__ shared_gate_up, bf16* __restrict__ h,

@@ -126,11 +126,17 @@ pub struct MoeDims {
 }
 
 impl MoeDims {
-    fn check(&self, what: &str) -> Result<()> {
+    /// The sizes the decode expert kernels take: the routing's, a hidden
+    /// size gate/up can stage, expert widths in whole 16-byte chunks.
+    pub fn check(&self, what: &str) -> Result<()> {
         check_routing(self.e, self.k)?;
         check_width(what, "hidden", self.d)?;
-        check_width(what, "expert width", self.f)?;
-        check_width(what, "shared width", self.fs)
+        for (name, v) in [("expert width", self.f), ("shared width", self.fs)] {
+            if v == 0 || !v.is_multiple_of(8) || v > i32::MAX as usize {
+                bail!("{what}: {name} {v} must be a positive multiple of 8");
+            }
+        }
+        Ok(())
     }
 
     /// Elements a row of gate/up's output h has: max(f, fs).
@@ -156,7 +162,7 @@ pub struct GateUp<'a> {
     pub route: Option<u64>,
     /// asked into L2 by the shared expert's blocks (the shared down matrix,
     /// which the down product reads next)
-    pub ahead: Option<&'a DevBuf>,
+    pub ahead: &'a DevBuf,
 }
 
 pub fn moe_gate_up(gpu: &Gpu, dims: MoeDims, a: &GateUp) -> Result<()> {
@@ -168,7 +174,6 @@ pub fn moe_gate_up(gpu: &Gpu, dims: MoeDims, a: &GateUp) -> Result<()> {
     if a.route.is_some() && d != PREFETCHED_HIDDEN {
         bail!("moe_gate_up: the route slot is published on the d = {PREFETCHED_HIDDEN} path only");
     }
-    let ahead = a.ahead.map_or((0, 0), |b| (b.ptr, b.bytes as u64));
     gpu.launch(
         Kernel::MoeGateUp,
         (dims.h_width().div_ceil(WARPS) as u32, (k + 1) as u32, 1),
@@ -186,8 +191,8 @@ pub fn moe_gate_up(gpu: &Gpu, dims: MoeDims, a: &GateUp) -> Result<()> {
             Arg::Ptr(a.logits),
             Arg::I32(e as i32),
             Arg::Ptr(a.route.unwrap_or(0)),
-            Arg::Ptr(ahead.0),
-            Arg::U64(ahead.1),
+            Arg::Ptr(a.ahead.ptr),
+            Arg::U64(a.ahead.bytes as u64),
         ],
     )
 }

@@ -483,9 +483,7 @@ __device__ __noinline__ int smp_global_pick(const float* __restrict__ x, int val
 // Launch with grid (1,1,1), block (SMP_THREADS,1,1), no dynamic shared memory.
 // logits: f32 [>= valid]; temperature > 0; top_k 0 = off; top_p in (0, 1],
 // 1 = off; min_p in [0, 1], 0 = off; u in [0, 1). Writes the id to out[0].
-// gpu.rs's kernel_names() finds kernels by the text on the next line, and the
-// definition below it carries __launch_bounds__ (64 registers at 1024 threads):
-// extern "C" __global__ void sample_kernel(
+// (__launch_bounds__: 64 registers at 1024 threads.)
 extern "C" __global__ __launch_bounds__(SMP_THREADS) void sample_kernel(const float* __restrict__ logits, int valid,
                                                                       float temperature, int top_k, float top_p,
                                                                       float min_p, float u, int* __restrict__ out) {

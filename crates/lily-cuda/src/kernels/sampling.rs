@@ -1,7 +1,8 @@
 //! Next-token selection on the GPU (kernels/sampling.cu): greedy or sampled
 //! with temperature, top-k, top-p and min-p, so only the chosen id (4 bytes)
-//! leaves the device. Semantics follow lily-engine's `Sampler::sample`;
-//! penalties are not applied here (apply them to the logits first).
+//! leaves the device. Semantics follow `lily_model::sampling` (the choice the
+//! engine's sampler makes on the host); penalties are not applied here
+//! (apply them to the logits first).
 //!
 //! The random draw is a uniform `u` in [0, 1) from the caller's seeded
 //! generator, so a run is repeatable: the kernels are deterministic (all
@@ -54,7 +55,7 @@ impl GpuSampleParams {
     }
 
     pub fn is_greedy(&self) -> bool {
-        self.temperature == 0.0 || self.top_k == 1
+        lily_model::sampling::is_greedy(self.temperature, self.top_k)
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -77,8 +78,13 @@ impl GpuSampleParams {
 /// A host uniform in [0, 1) (e.g. `Rng::uniform()`) as the f32 the kernel
 /// takes, kept below 1 (a plain `as f32` can round up to 1.0).
 pub fn uniform_f32(u: f64) -> f32 {
+    below_one(u as f32)
+}
+
+/// `u` clamped into [0, 1) (0 for a NaN or an infinity).
+fn below_one(u: f32) -> f32 {
     if u.is_finite() {
-        (u as f32).clamp(0.0, ONE_BELOW)
+        u.clamp(0.0, ONE_BELOW)
     } else {
         0.0
     }
@@ -110,11 +116,7 @@ pub fn sample_into(
             &[Arg::Ptr(logits), Arg::I32(valid as i32), Arg::Ptr(out)],
         );
     }
-    let u = if u.is_finite() {
-        u.clamp(0.0, ONE_BELOW)
-    } else {
-        0.0
-    };
+    let u = below_one(u);
     gpu.launch(
         Kernel::Sample,
         (1, 1, 1),

@@ -64,7 +64,7 @@ impl CudaModel {
             },
             k,
             p.map(|(w, y, rows)| Projection { w, y, rows }),
-            Some((self.s.flags.ptr, super::FLAG_BYTES / 8)),
+            (self.s.flags.ptr, super::FLAG_BYTES / 8),
         )
     }
 
@@ -171,7 +171,7 @@ impl CudaModel {
         let scale = (dh as f32).powf(-0.5);
         if t == 1 {
             // decode: split-K over the cache (flash decoding), then a merge
-            attention_decode(g, &at, heads, scale, gated, s.att.ptr, self.att_splits)?;
+            attention_decode(g, &at, heads, scale, gated, &s.att, self.att_splits)?;
         } else {
             attention(g, &at, heads, scale, gated, t)?;
         }
@@ -315,7 +315,7 @@ impl CudaModel {
                 logits: s.rl.ptr,
                 h: s.moe_h.ptr,
                 route,
-                ahead: Some(&lw.shared_down),
+                ahead: &lw.shared_down,
             },
         )?;
         self.mark("moe gate/up", moe_gate_up_bytes(cfg))?;
@@ -361,7 +361,7 @@ impl CudaModel {
         let max_pos = if advance { self.opts.max_seq - 1 } else { 0 };
         let hs = self.screen.as_ref().filter(|_| screen);
         match hs {
-            Some(hs) => hs.launch(g, self.w.lm_head.ptr, s.h.ptr, s.valid.ptr, s.best.ptr)?,
+            Some(hs) => hs.launch(g, &self.w.lm_head, s.h.ptr, s.valid.ptr, s.best.ptr)?,
             None => greedy_lm_head(
                 g,
                 &self.w.lm_head,

@@ -297,7 +297,7 @@ impl CudaModel {
         let dw = upload(&gpu, &cfg, w, &progress)?;
         let s = Self::scratch(&gpu, &cfg, &opts)?;
         let screen = if HeadScreen::applies(&cfg, opts.greedy_head == GreedyHead::Screen) {
-            Some(HeadScreen::build(&gpu, dw.lm_head.ptr, cfg.vocab_size)?)
+            Some(HeadScreen::build(&gpu, &dw.lm_head, cfg.vocab_size)?)
         } else {
             None
         };
