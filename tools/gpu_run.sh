@@ -67,21 +67,23 @@ tokens_json() { # N FILE: N seeded token ids
   python3 -c "import json,random; random.seed(7); print(json.dumps([random.randrange(248077) for _ in range($1)]))" > "$2"
 }
 
-e2e() { # NAME TOKENS DECODE_FROM [BIN]: Lily's logits against transformers' on the same weights
-  local name=$1 n=$2 df=$3 bin=${4:-$lily}
-  local exp="/tmp/exp-$name" toks="/tmp/toks-$name.json"
+e2e() { # NAME TOKENS DECODE_FROM [ROWS_FROM [BIN]]: Lily's logits against transformers' on the same
+  # weights (positions ROWS_FROM.. compared: a long prompt's last rows and the decoded ones)
+  local name=$1 n=$2 df=$3 rf=${4:-0} bin=${5:-$lily}
+  local exp="/tmp/exp-$name" toks="/tmp/toks-$name-$n.json"
   [ -d "$exp" ] || "$bin" synthetic-export --synthetic "$name" --out "$exp" >> "$logs/e2e-$name.log" 2>&1
   tokens_json "$n" "$toks"
   local ids; ids=$(python3 -c "import json;print(','.join(map(str,json.load(open('$toks')))))")
   if ! "$bin" logits --device cuda --synthetic "$name" --max-seq $((n + 16)) --tokens "$ids" --decode-from "$df" \
-      --out "/tmp/lily-$name.safetensors" >> "$logs/e2e-$name.log" 2>&1; then
+      --rows-from "$rf" --out "/tmp/lily-$name-$n.safetensors" >> "$logs/e2e-$name.log" 2>&1; then
     note "e2e $name: lily logits FAILED (see $logs/e2e-$name.log)"; return
   fi
-  if PYTHONUNBUFFERED=1 python3 tools/hf_compare.py --export "$exp" --lily "/tmp/lily-$name.safetensors" \
-      --tokens-file "$toks" --decode-from "$df" --json-out "$out/e2e-$name.json" >> "$logs/e2e-$name.log" 2>&1; then
+  if PYTHONUNBUFFERED=1 python3 tools/hf_compare.py --export "$exp" --lily "/tmp/lily-$name-$n.safetensors" \
+      --tokens-file "$toks" --decode-from "$df" --rows-from "$rf" --json-out "$out/e2e-$name-$n.json" \
+      >> "$logs/e2e-$name.log" 2>&1; then
     note "$(python3 -c "
-import json; r=json.load(open('$out/e2e-$name.json')); d=r['decode'] or {}
-print(f\"e2e $name T=$n: all rel_l2 {r['all']['rel_l2']:.3e} top1 {r['all']['top1']:.3f} tie-aware {r['all']['top1_tie_aware']:.3f} | prefill rel_l2 {r['prefill']['rel_l2']:.3e} | decode rel_l2 {d.get('rel_l2',0):.3e} top1 {d.get('top1',0):.3f}\")")"
+import json; r=json.load(open('$out/e2e-$name-$n.json')); d=r['decode'] or {}
+print(f\"e2e $name T=$n rows from $rf: all rel_l2 {r['all']['rel_l2']:.3e} top1 {r['all']['top1']:.3f} tie-aware {r['all']['top1_tie_aware']:.3f} | prefill rel_l2 {r['prefill']['rel_l2']:.3e} | decode rel_l2 {d.get('rel_l2',0):.3e} top1 {d.get('top1',0):.3f}\")")"
   else
     note "e2e $name: hf_compare FAILED (see $logs/e2e-$name.log)"
   fi
@@ -186,17 +188,19 @@ variants)
 e2e)
   e2e full4 1100 1050
   e2e full 1100 1050
+  # prefill-heavy: 8,000 tokens prefilled (two chunks), 50 decoded; the last 64 prompt rows compared
+  e2e full 8050 8000 7936
   # with an old bundle carried, its 40-layer logits on the same tokens against this one's
   if [ -f "$carry/old/bundle.tar.xz" ]; then
     unpack "$carry/old"
-    ids=$(python3 -c "import json;print(','.join(map(str,json.load(open('/tmp/toks-full.json')))))")
+    ids=$(python3 -c "import json;print(','.join(map(str,json.load(open('/tmp/toks-full-1100.json')))))")
     "$carry/old/lily" logits --device cuda --synthetic full --max-seq 1116 --tokens "$ids" --decode-from 1050 \
       --out /tmp/lily-full-old.safetensors > "$logs/logits-full-old.log" 2>&1 || note "old full logits FAILED"
     note "$(python3 - <<'PY'
 import numpy as np
 from safetensors.numpy import load_file
 a = load_file('/tmp/lily-full-old.safetensors')['logits'].astype(np.float64)
-b = load_file('/tmp/lily-full.safetensors')['logits'].astype(np.float64)
+b = load_file('/tmp/lily-full-1100.safetensors')['logits'].astype(np.float64)
 print(f"logits old vs new (full, 40 layers): bit-identical {bool((a == b).all())}, rel L2 {float(np.linalg.norm(a - b) / np.linalg.norm(a)):.3e}, same top-1 {float((a.argmax(1) == b.argmax(1)).mean()):.4f}")
 PY
 )"

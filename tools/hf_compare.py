@@ -132,6 +132,7 @@ def main():
     ap.add_argument("--lily", required=True, help="lily logits output (safetensors, tensor `logits`)")
     ap.add_argument("--tokens-file", required=True, help="JSON list of token ids")
     ap.add_argument("--decode-from", type=int, required=True)
+    ap.add_argument("--rows-from", type=int, default=0, help="Lily's file holds the logits of positions R.. only (lily logits --rows-from R)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--json-out")
     ap.add_argument("--hf-sdpa", action="store_true", help="also run HF with SDPA attention and report HF-eager vs HF-SDPA: how far two correct bf16 runs drift apart")
@@ -143,31 +144,38 @@ def main():
     t_build = time.time() - t0
     ids = torch.tensor(toks, device=a.device)[None]
     t0 = time.time()
+    # the reference's logits of positions R.. only (a long prompt's full logits would not fit)
+    r = a.rows_from
+    keep = len(toks) - r
     with torch.no_grad():
-        hf = model(input_ids=ids, use_cache=False).logits[0].float()
+        hf = model(input_ids=ids, use_cache=False, logits_to_keep=keep).logits[0].float()
     t_fwd = time.time() - t0
     lily = load_file(a.lily)["logits"].to(a.device)
-    n = a.decode_from
+    assert lily.shape[0] == keep and hf.shape[0] == keep, (lily.shape, hf.shape, keep)
+    # row indices below are relative to R
+    n = a.decode_from - r
+    assert n >= 0, "--rows-from past --decode-from"
     res = {
         "tokens": len(toks),
-        "decode_from": n,
+        "decode_from": a.decode_from,
+        "rows_from": r,
         "all": compare(lily, hf),
-        "prefill": compare(lily[:n], hf[:n]),
-        "decode": compare(lily[n:], hf[n:]) if n < len(toks) else None,
+        "prefill": compare(lily[:n], hf[:n]) if n > 0 else None,
+        "decode": compare(lily[n:], hf[n:]) if n < keep else None,
         "hf_build_s": t_build,
         "hf_forward_s": t_fwd,
     }
     if a.hf_sdpa:
         model.set_attn_implementation("sdpa")
         with torch.no_grad():
-            hfs = model(input_ids=ids, use_cache=False).logits[0].float()
+            hfs = model(input_ids=ids, use_cache=False, logits_to_keep=keep).logits[0].float()
         res["hf_eager_vs_hf_sdpa"] = compare(hfs, hf)
         res["lily_vs_hf_sdpa"] = compare(lily, hfs)
         model.set_attn_implementation("eager")
     if a.hf_f32:
         model = model.float()
         with torch.no_grad():
-            hf32 = model(input_ids=ids, use_cache=False).logits[0].float()
+            hf32 = model(input_ids=ids, use_cache=False, logits_to_keep=keep).logits[0].float()
         res["hf_bf16_vs_hf_f32"] = compare(hf, hf32)
         res["lily_vs_hf_f32"] = compare(lily, hf32)
     print(json.dumps(res, indent=1))

@@ -25,9 +25,13 @@ pub struct LogitsArgs {
     /// Tokens [0, N) go through one prefill, the rest through decode (default: all prefill)
     #[arg(long)]
     pub decode_from: Option<usize>,
-    /// Output file: one f32 tensor `logits` [T, vocab_size]
+    /// Output file: one f32 tensor `logits` [T - R, vocab_size] (R: --rows-from)
     #[arg(long)]
     pub out: PathBuf,
+    /// Write the logits of positions R.. only (a long prompt's last rows and
+    /// the decoded ones, without a prompt's worth of vocabulary rows)
+    #[arg(long, default_value_t = 0)]
+    pub rows_from: usize,
     /// Also write the residual stream after every layer of the prefill
     /// (`blk.{l}.out`, [N, D]) and after the final norm, for layer-by-layer diffs
     #[arg(long)]
@@ -46,6 +50,10 @@ pub fn run(a: LogitsArgs) -> Result<()> {
     }
     if n == 0 {
         bail!("--decode-from must be at least 1: decode needs a token to start from");
+    }
+    let r = a.rows_from;
+    if r >= t {
+        bail!("--rows-from {r} leaves none of the {t} positions");
     }
     let backend = a.device.load(&a.model, true)?;
     let v = backend.cfg().vocab_size;
@@ -71,6 +79,7 @@ pub fn run(a: LogitsArgs) -> Result<()> {
             for &tok in &a.tokens[n..] {
                 out.extend(model.decode(tok, &mut state)?);
             }
+            out.drain(..r * v);
             out
         }
         Backend::Cuda(m) => {
@@ -78,16 +87,19 @@ pub fn run(a: LogitsArgs) -> Result<()> {
                 bail!("--taps and --f32-activations are CPU-only");
             }
             let mut st = m.new_state()?;
-            let mut out = m.forward(&mut st, &a.tokens[..n], true)?;
-            for &tok in &a.tokens[n..] {
-                out.extend(m.forward(&mut st, &[tok], true)?);
+            let mut out = m.forward_rows(&mut st, &a.tokens[..n], r.min(n))?;
+            for (i, &tok) in a.tokens.iter().enumerate().skip(n) {
+                let row = m.forward(&mut st, &[tok], true)?;
+                if i >= r {
+                    out.extend(row);
+                }
             }
             out
         }
     };
-    out.truncate(t * v);
-    debug_assert_eq!(out.len(), t * v);
-    write_f32(&a.out, &[("logits".to_string(), vec![t, v], out)])?;
+    out.truncate((t - r) * v);
+    debug_assert_eq!(out.len(), (t - r) * v);
+    write_f32(&a.out, &[("logits".to_string(), vec![t - r, v], out)])?;
     if let Some(path) = &a.taps {
         let named: Vec<_> = taps
             .into_iter()

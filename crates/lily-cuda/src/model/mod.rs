@@ -515,21 +515,46 @@ impl CudaModel {
             self.next_owner.store(0, Ordering::Relaxed);
             return self.gpu.download::<f32>(self.s.logits.ptr, v);
         }
-        let mut out = Vec::new();
+        if all {
+            return self.forward_rows(st, tokens, 0);
+        }
         let mut last = 0;
         self.run_chunks(st, tokens, &mut |n| {
             last = n;
-            if all {
-                let buf = self.gpu.alloc(n * v * 4)?;
-                self.head(0, n, buf.ptr)?;
-                out.extend(self.gpu.download::<f32>(buf.ptr, n * v)?);
+            Ok(())
+        })?;
+        if last == 0 {
+            return Ok(Vec::new());
+        }
+        self.head(last - 1, 1, self.s.logits.ptr)?;
+        self.gpu.download::<f32>(self.s.logits.ptr, v)
+    }
+
+    /// Prefill `tokens` (chunked as any prefill); returns the logits of
+    /// positions `from..` of them, [tokens.len() - from, vocab] on the host
+    /// (a long prompt's last rows without the whole prompt's logits).
+    pub fn forward_rows(
+        &self,
+        st: &mut CudaState,
+        tokens: &[u32],
+        from: usize,
+    ) -> Result<Vec<f32>> {
+        let v = self.cfg.vocab_size;
+        if from > tokens.len() {
+            bail!("rows from {from} of {} tokens", tokens.len());
+        }
+        let mut out = Vec::new();
+        let mut start = 0;
+        self.run_chunks(st, tokens, &mut |n| {
+            let r0 = from.saturating_sub(start).min(n);
+            start += n;
+            if r0 < n {
+                let buf = self.gpu.alloc((n - r0) * v * 4)?;
+                self.head(r0, n - r0, buf.ptr)?;
+                out.extend(self.gpu.download::<f32>(buf.ptr, (n - r0) * v)?);
             }
             Ok(())
         })?;
-        if !all && last > 0 {
-            self.head(last - 1, 1, self.s.logits.ptr)?;
-            out = self.gpu.download::<f32>(self.s.logits.ptr, v)?;
-        }
         Ok(out)
     }
 
