@@ -221,6 +221,11 @@ pub fn check_geometry(cfg: &Config) -> Result<()> {
     );
     gdn_decode_check(hk, hv, dk, dv, cfg.linear_conv_kernel_dim)?;
     gdn_chunked_check(hk, hv, dk, dv)?;
+    moe_dims(cfg).check("the CUDA MoE kernels")
+}
+
+/// The MoE sizes every expert launch needs, from the config.
+pub(crate) fn moe_dims(cfg: &Config) -> MoeDims {
     MoeDims {
         d: cfg.hidden_size,
         e: cfg.num_experts,
@@ -228,7 +233,6 @@ pub fn check_geometry(cfg: &Config) -> Result<()> {
         f: cfg.moe_intermediate_size,
         fs: cfg.shared_expert_intermediate_size,
     }
-    .check("the CUDA MoE kernels")
 }
 
 pub fn upload(

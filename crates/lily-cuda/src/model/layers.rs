@@ -7,7 +7,7 @@ use super::bytes::{
     attention_core_bytes, attention_prep_bytes, gdn_conv_bytes, gdn_core_bytes, moe_expert_bytes,
     moe_gate_up_bytes,
 };
-use super::{moe_dims, CudaModel, CudaState};
+use super::{CudaModel, CudaState};
 use crate::gpu::DevBuf;
 use crate::kernels::attention::{
     attention, attention_decode, qk_prep, Attend, Heads, QkPrep, Rope,
@@ -21,6 +21,7 @@ use crate::kernels::moe::{
 };
 use crate::kernels::norm::{add_rmsnorm, gated_rmsnorm};
 use crate::kernels::sampling::{greedy_finish, greedy_lm_head};
+use crate::weights::moe_dims;
 use crate::weights::{DevLayer, DevMixer};
 
 impl CudaModel {

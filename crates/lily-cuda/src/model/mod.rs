@@ -25,7 +25,7 @@ use crate::kernels::attention::{attention_decode_scratch_bytes, attention_decode
 use crate::kernels::gdn_chunked::gdn_chunked_scratch_bytes;
 use crate::kernels::lm_head::HeadScreen;
 use crate::kernels::moe::MoeDims;
-use crate::weights::{upload, weight_bytes, DevWeights};
+use crate::weights::{moe_dims, upload, weight_bytes, DevWeights};
 
 /// How a greedy decode step picks its token.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -141,17 +141,6 @@ struct Grouped {
     ysh: DevBuf,     // [T, 2Fs] f32 shared expert gate|up
     hsh: DevBuf,     // [T, Fs] bf16
     osh: DevBuf,     // [T, D] f32 shared expert output
-}
-
-/// The MoE sizes every expert launch needs.
-fn moe_dims(cfg: &Config) -> MoeDims {
-    MoeDims {
-        d: cfg.hidden_size,
-        e: cfg.num_experts,
-        k: cfg.num_experts_per_tok,
-        f: cfg.moe_intermediate_size,
-        fs: cfg.shared_expert_intermediate_size,
-    }
 }
 
 /// Bytes of the grouped-GEMM MoE buffers for chunks of `t` tokens.

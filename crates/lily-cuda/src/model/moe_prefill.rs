@@ -3,8 +3,9 @@
 
 use anyhow::Result;
 
-use super::{moe_dims, CudaModel};
+use super::CudaModel;
 use crate::kernels::moe::{moe_assign, moe_combine, moe_count, moe_gather, moe_silu_mul, MoeDims};
+use crate::weights::moe_dims;
 use crate::weights::DevLayer;
 
 impl CudaModel {
