@@ -8,6 +8,8 @@
 #   tools/gpu_run.sh accept         -> a change that must keep behaviour and speed: this bundle and
 #                                      .carry/old in one run (tests of both, decode at 4k/32k
 #                                      interleaved, the logits of both compared); then `e2e`
+#   tools/gpu_run.sh prefill        -> prefill at 512..32k with each prompt's last chunk profiled
+#                                      (the prefill roofline, tools/roofline.py)
 #   tools/gpu_run.sh side           -> Lily beside transformers + fla on the same weights, the decode
 #                                      roofline at 4k, 131k decode, the full-head rows
 #   tools/gpu_run.sh variants       -> decode at 4k/32k of this bundle and every .carry/variants/*, interleaved
@@ -160,6 +162,12 @@ same = float((a.argmax(1) == b.argmax(1)).mean())
 print(f"logits old vs new (full4, 1,100 tokens, decode from 1,050): bit-identical {bool((a == b).all())}, rel L2 {rel:.3e}, same top-1 {same:.4f}")
 PY
 )"
+  ;;
+prefill)
+  note "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader)"
+  bench prefill "$lily" --prompt-len "${LILY_PROMPTS:-512,4096,16384,32768}" --context 64 --gen 16 --runs 2 --profile
+  [ -s "$out/prefill.json" ] && python3 tools/roofline.py "$out/prefill.json" > "$out/prefill-roofline.md" \
+    && note "$(cat "$out/prefill-roofline.md")"
   ;;
 side)
   # Lily and transformers + fla on the same random weights, in this run

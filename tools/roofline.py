@@ -1,6 +1,12 @@
 #!/usr/bin/env python3
-"""The decode step's roofline table, in Markdown, from a `lily bench --json
---profile` output (BENCHMARKS.md's tables are made with it): per kernel group
+"""The roofline tables, in Markdown, from a `lily bench --json --profile`
+output (BENCHMARKS.md's tables are made with it).
+
+Prefill: per kernel group of a prompt's last chunk (events between groups,
+summed over the layers), its time, the FLOPs it computes, the rate that
+gives and its share of the chunk.
+
+Decode: per kernel group
 of one step, its time inside the captured step ("graph us": the whole step's
 replay time minus the step's without the group), the bytes it must move, the
 bandwidth that gives, its share of the step and its floor at the measured
@@ -17,6 +23,22 @@ def table(path):
     r = json.load(open(path))
     bw = r["copy_bandwidth_gb_s"] * 1e9
     out = []
+    for row in r["prefill"]:
+        prof = row.get("profile")
+        if not prof:
+            continue
+        total = sum(p["us"] for p in prof)
+        flops = sum(p["flops"] for p in prof)
+        c = row["profile_chunk"]
+        out.append(f"Prefill of {row['prompt_len']:,} tokens ({row['prefill_tok_s']:,.0f} tok/s in that run), its last "
+                   f"chunk: {c['tokens']:,} tokens after {c['pos']:,} ({r['device']}):\n")
+        out.append("| group | count | us | GFLOP | TFLOP/s | share |")
+        out.append("|---|---:|---:|---:|---:|---:|")
+        for p in prof + [{"group": "chunk", "count": "", "us": total, "flops": flops}]:
+            rate = p["flops"] / (p["us"] * 1e-6) / 1e12 if p["us"] > 0 else 0.0
+            out.append(f"| {p['group']} | {p['count']} | {p['us']:,.1f} | {p['flops'] / 1e9:,.1f} | "
+                       f"{rate:,.1f} | {100 * p['us'] / total:.1f}% |")
+        out.append("")
     for row in r["decode"]:
         prof = row.get("profile")
         if not prof:

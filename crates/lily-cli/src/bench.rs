@@ -37,7 +37,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub json: bool,
     /// CUDA: also time each kernel group of one decode step at each context
-    /// (events inside the captured step) against the bytes it must move
+    /// (events inside the captured step) against the bytes it must move, and
+    /// of each prompt's last prefill chunk against the FLOPs it computes
     #[arg(long)]
     pub profile: bool,
     /// How a decode context is reached: `prefill` runs all of it; `zeros`
@@ -202,8 +203,22 @@ pub fn run(a: BenchArgs) -> Result<()> {
             .map(|_| prefill(&b, &toks).map(|r| r.0))
             .collect::<Result<_>>()?;
         let s = median(times);
-        prefill_rows
-            .push(json!({"prompt_len": p, "prefill_tok_s": p as f64 / s, "ttft_ms": s * 1e3}));
+        let mut row = json!({"prompt_len": p, "prefill_tok_s": p as f64 / s, "ttft_ms": s * 1e3});
+        if let (Backend::Cuda(m), true) = (&b, a.profile) {
+            // the last chunk of one more prefill, group by group
+            let mut st = m.new_state()?;
+            let (pos, n, secs) = m.profile_prefill(&mut st, &toks)?;
+            row["profile_chunk"] = json!({"pos": pos, "tokens": n});
+            row["profile"] = json!(secs
+                .iter()
+                .map(|x| {
+                    let flops = x.count as f64
+                        * lily_cuda::model::prefill_group_flops(&m.cfg, x.name, n, pos);
+                    json!({"group": x.name, "us": x.us, "flops": flops, "count": x.count})
+                })
+                .collect::<Vec<_>>());
+        }
+        prefill_rows.push(row);
     }
     for &c in &contexts {
         // one prefill per context, then a warm-up step and `runs` timed
@@ -344,6 +359,34 @@ pub fn run(a: BenchArgs) -> Result<()> {
             f("floor_tok_s"),
             f("pct_of_floor")
         );
+    }
+    for r in &prefill_rows {
+        let Some(p) = r["profile"].as_array() else {
+            continue;
+        };
+        let total: f64 = p.iter().map(|x| x["us"].as_f64().unwrap()).sum();
+        let flops: f64 = p.iter().map(|x| x["flops"].as_f64().unwrap()).sum();
+        println!(
+            "\nprefill of {} tokens, its last chunk ({} tokens after {}): events between the \
+             groups, summed over the layers; the last row's lm_head included",
+            r["prompt_len"], r["profile_chunk"]["tokens"], r["profile_chunk"]["pos"]
+        );
+        println!(
+            "{:>16} {:>6} {:>10} {:>10} {:>10} {:>8}",
+            "group", "count", "us", "GFLOP", "TFLOP/s", "share"
+        );
+        for x in p.iter().chain([&json!({"group": "chunk", "us": total, "flops": flops, "count": ""})]) {
+            let (us, fl) = (x["us"].as_f64().unwrap(), x["flops"].as_f64().unwrap());
+            println!(
+                "{:>16} {:>6} {:>10.1} {:>10.1} {:>10.1} {:>7.1}%",
+                x["group"].as_str().unwrap(),
+                x["count"].to_string().trim_matches('"'),
+                us,
+                fl / 1e9,
+                fl / (us * 1e-6) / 1e12,
+                100.0 * us / total
+            );
+        }
     }
     for r in &decode_rows {
         let (Some(p), Some(bw)) = (r["profile"].as_array(), bandwidth) else {

@@ -76,6 +76,11 @@ pub struct DeviceArgs {
     /// memory), `full` runs the bf16 product
     #[arg(long, default_value = "screen")]
     pub greedy_head: GreedyHead,
+    /// Most prompt tokens the GPU runs through the layers at once (longer
+    /// prompts go in chunks of this many): larger chunks read the expert
+    /// weights fewer times per prompt, and activation memory grows with it
+    #[arg(long, default_value_t = lily_cuda::CudaOptions::default().prefill_chunk)]
+    pub prefill_chunk: usize,
 }
 
 impl DeviceArgs {
@@ -83,6 +88,7 @@ impl DeviceArgs {
     pub fn options(&self) -> LoadOptions {
         let mut o = LoadOptions::new(self.device, self.max_seq);
         o.cuda.greedy_head = self.greedy_head;
+        o.cuda.prefill_chunk = self.prefill_chunk;
         o
     }
 

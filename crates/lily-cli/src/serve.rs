@@ -22,6 +22,11 @@ pub struct ServeArgs {
     /// `full` (the bf16 product)
     #[arg(long, default_value = "screen")]
     pub greedy_head: lily_cuda::GreedyHead,
+    /// Most prompt tokens the GPU runs through the layers at once (longer
+    /// prompts go in chunks): larger chunks prefill faster and take more
+    /// activation memory
+    #[arg(long, default_value_t = lily_cuda::CudaOptions::default().prefill_chunk)]
+    pub prefill_chunk: usize,
     /// Address to bind (loopback by default; 0.0.0.0 exposes the server to the network)
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -94,6 +99,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             device: a.device,
             max_seq: gpu_seq,
             greedy_head: a.greedy_head,
+            prefill_chunk: a.prefill_chunk,
         },
     )?;
     let cfg = ServerConfig {

@@ -331,6 +331,14 @@ impl Gpu {
             .map(|v| v.as_mut_ptr() as *mut c_void)
             .collect();
         self.ctx.bind_to_thread()?;
+        if smem > 48 << 10 {
+            // past 48 KiB a kernel's dynamic shared memory must be asked for
+            f.set_attribute(
+                drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(|e| anyhow!("{name}: {smem} bytes of shared memory: {e:?}"))?;
+        }
         if *pdl {
             return self.launch_pdl(name, f, grid, block, smem, &mut params);
         }

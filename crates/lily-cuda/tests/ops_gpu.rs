@@ -21,8 +21,11 @@ use lily_cuda::kernels::attention::{attention, qk_prep, Attend, Heads, QkPrep, R
 use lily_cuda::kernels::embed::procedural_fill;
 use lily_cuda::kernels::gdn::conv_silu;
 use lily_cuda::kernels::moe::{
-    moe_assign, moe_combine, moe_count, moe_down_norm, moe_gate_up, moe_gather, moe_silu_mul,
-    DownNorm, GateUp, MoeDims, ROUTE_SLOT_BYTES,
+    moe_assign, moe_combine, moe_count, moe_down_norm, moe_gate_up, DownNorm, GateUp, MoeDims,
+    ROUTE_SLOT_BYTES,
+};
+use lily_cuda::kernels::moe_grouped::{
+    moe_down_grouped, moe_gate_up_grouped, moe_tiles, tile_list_len, Groups, TILE_ROWS,
 };
 use lily_cuda::kernels::norm;
 use lily_cuda::kernels::sampling::{greedy_finish, greedy_lm_head};
@@ -514,30 +517,57 @@ fn moe_experts() {
     );
 }
 
-/// A prefill chunk's experts as the model runs them (model/moe_prefill.rs):
-/// `moe_count` and `moe_assign` sort the (token, slot) pairs by expert,
-/// `moe_gather` copies each pair's input row, cuBLAS runs each expert's rows
-/// (gate|up, then down) with `moe_silu_mul` between, the shared expert over
-/// all tokens, and `moe_combine` adds the weighted sum into the residual;
-/// against the CPU's SwiGLU per token. Even slots route every token to the
-/// same expert (rows of several tokens in one expert's block), odd slots to
-/// one of its own.
+/// Tokens of `moe_grouped_prefill`'s chunk: 2,400 (token, slot) pairs.
+const GROUPED_TOKENS: usize = 300;
+/// The grouped GEMMs' products against an f64 product of the same bf16
+/// values: f32 accumulation in another order, then (gate/up) one bf16
+/// rounding of the output, ~2^-9 relative, 4e-3 RMS at most.
+const TOL_GROUPED_BF16: f64 = 8e-3;
+
+/// Experts of `moe_grouped_prefill` and their routing: slot 0 sends every
+/// token to expert 7 (300 rows: three tiles, the last partial), slot 1 the
+/// first 129 tokens to expert 8 (a full tile and a tile of one row), token 200
+/// alone to expert 3 and token 250 alone to expert 255 (the last); the other
+/// slots spread over experts 9..199, so experts 0-2, 4-6 and 200-254 get no
+/// rows at all.
+fn grouped_routing(t: usize, k: usize) -> Vec<i32> {
+    let spread = |ti: usize, s: usize| (9 + (ti * 37 + s * 53) % 191) as i32;
+    (0..t * k)
+        .map(|i| {
+            let (ti, s) = (i / k, i % k);
+            match s {
+                0 => 7,
+                1 if ti < 129 => 8,
+                1 if ti == 200 => 3,
+                1 if ti == 250 => 255,
+                _ => spread(ti, s),
+            }
+        })
+        .collect()
+}
+
+/// A prefill chunk's experts as the model runs them (model/moe_prefill.rs),
+/// on the tensor cores: `moe_count`, `moe_tiles` and `moe_assign` sort the
+/// (token, slot) pairs by expert and list the GEMM tiles on the device,
+/// `moe_gate_up_grouped` (SiLU fused) and `moe_down_grouped` run every
+/// expert's rows in one launch each, the shared expert through the same
+/// kernels as one group of all tokens, and `moe_combine` adds the weighted sum
+/// into the residual. Checked: the counts, offsets and tile list exactly; each
+/// pair's row; the gate/up activations of every row of experts 7, 8, 3 and 255
+/// (multi-tile, a one-row tile, single rows, the last expert) and the shared
+/// expert's against f64 products of the same bf16 values; the whole block
+/// against the CPU's SwiGLU per token on 30 tokens.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn moe_grouped_prefill() {
     let g = gpu();
     let MoeDims { d, e, k, f, fs } = MOE;
-    let t = 5usize;
+    let t = GROUPED_TOKENS;
     let pairs = t * k;
     let experts = Experts::new(&g);
     let x = round_bf16(&random(t * d, 40, 0.0, 1.0));
     let resid = random(t * d, 41, 0.0, 1.0);
-    let idx: Vec<i32> = (0..pairs)
-        .map(|i| {
-            let (ti, s) = (i / k, i % k);
-            ((s * 31 + (s % 2) * 5 * ti) % e) as i32
-        })
-        .collect();
+    let idx = grouped_routing(t, k);
     for ti in 0..t {
         let row = &idx[ti * k..(ti + 1) * k];
         assert!(
@@ -559,23 +589,29 @@ fn moe_grouped_prefill() {
         alloc(pairs * 4),
         alloc(pairs * 4),
     );
-    let (xs, ys, hs, os) = (
-        alloc(pairs * d * 2),
-        alloc(pairs * 2 * f * 4),
+    let tiles = alloc(tile_list_len(pairs, e) * 4);
+    let (hs, os, hsh, osh) = (
         alloc(pairs * f * 2),
         alloc(pairs * d * 4),
+        alloc(t * fs * 2),
+        alloc(t * d * 4),
     );
-    let (ysh, hsh, osh) = (alloc(t * 2 * fs * 4), alloc(t * fs * 2), alloc(t * d * 4));
 
-    // the sort: counts per expert, then each pair's row in its expert's block
+    // the sort: counts per expert, offsets and tiles, each pair's row
     g.zero(counts.ptr, e * 4).unwrap();
     moe_count(&g, ib.ptr, pairs, counts.ptr).unwrap();
+    moe_tiles(&g, counts.ptr, pairs, e, offsets.ptr, &tiles).unwrap();
     let got_counts: Vec<i32> = g.download(counts.ptr, e).unwrap();
     let mut want_counts = vec![0i32; e];
     for &i in &idx {
         want_counts[i as usize] += 1;
     }
     assert_eq!(got_counts, want_counts, "moe_count");
+    assert_eq!(
+        (want_counts[7], want_counts[8], want_counts[3], want_counts[255], want_counts[0]),
+        (300, 129, 1, 1, 0),
+        "the routing's ragged counts"
+    );
     let off: Vec<i32> = want_counts
         .iter()
         .scan(0, |acc, &c| {
@@ -584,7 +620,16 @@ fn moe_grouped_prefill() {
             Some(o)
         })
         .collect();
-    g.upload(offsets.ptr, &off).unwrap();
+    assert_eq!(g.download::<i32>(offsets.ptr, e).unwrap(), off, "moe_tiles: offsets");
+    let mut want_tiles = vec![0i32];
+    for (ei, &c) in want_counts.iter().enumerate() {
+        for tile in 0..(c as usize).div_ceil(TILE_ROWS) {
+            want_tiles.push(ei as i32 | (tile as i32) << 16);
+        }
+    }
+    want_tiles[0] = want_tiles.len() as i32 - 1;
+    let got_tiles: Vec<i32> = g.download(tiles.ptr, want_tiles.len()).unwrap();
+    assert_eq!(got_tiles, want_tiles, "moe_tiles: the tile list");
     moe_assign(&g, ib.ptr, pairs, k, e, offsets.ptr, rowmap.ptr, src.ptr).unwrap();
     let rm: Vec<i32> = g.download(rowmap.ptr, pairs).unwrap();
     let sr: Vec<i32> = g.download(src.ptr, pairs).unwrap();
@@ -602,66 +647,77 @@ fn moe_grouped_prefill() {
         );
     }
 
-    moe_gather(&g, xb.ptr, src.ptr, xs.ptr, pairs, d).unwrap();
-    let got_xs: Vec<u16> = g.download(xs.ptr, pairs * d).unwrap();
-    let xbits = bf16_bits(&x);
-    for (row, &ti) in sr.iter().enumerate() {
-        let ti = ti as usize;
-        assert!(
-            got_xs[row * d..(row + 1) * d] == xbits[ti * d..(ti + 1) * d],
-            "moe_gather: row {row} is not token {ti}'s input"
-        );
-    }
+    let groups = Groups::Experts {
+        pairs,
+        e,
+        tiles: &tiles,
+        offsets: offsets.ptr,
+        counts: counts.ptr,
+    };
+    // the activation rows start as NaN: every row of a routed expert must be written
+    g.upload(hs.ptr, &vec![0x7fc0u16; pairs * f]).unwrap();
+    moe_gate_up_grouped(&g, &groups, xb.ptr, Some(src.ptr), &experts.gate_up, hs.ptr, f, d)
+        .unwrap();
+    moe_down_grouped(&g, &groups, hs.ptr, &experts.down, os.ptr, d, f).unwrap();
+    let one = Groups::One { rows: t };
+    moe_gate_up_grouped(&g, &one, xb.ptr, None, &experts.shared_gate_up, hsh.ptr, fs, d)
+        .unwrap();
+    moe_down_grouped(&g, &one, hsh.ptr, &experts.shared_down, osh.ptr, d, fs).unwrap();
 
-    // each expert's rows through its gate|up and down (as moe_grouped)
-    for (ei, (&c, &o)) in want_counts.iter().zip(&off).enumerate() {
-        if c == 0 {
-            continue;
+    // gate/up activations: rows of expert `ex` (None: the shared expert over all tokens)
+    let got_hs = from_bf16_bits(&g.download::<u16>(hs.ptr, pairs * f).unwrap());
+    let got_hsh = from_bf16_bits(&g.download::<u16>(hsh.ptr, t * fs).unwrap());
+    assert!(got_hs.iter().all(|v| v.is_finite()), "an activation row left unwritten");
+    let swiglu = |w: &Mat, r0: usize, width: usize, xr: &[f32]| -> Vec<f32> {
+        let mut row = vec![0f32; d];
+        let dot = |r: usize, row: &mut Vec<f32>| {
+            w.row_f32(r, row);
+            row.iter().zip(xr).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>()
+        };
+        (0..width)
+            .map(|j| {
+                let (gt, up) = (dot(r0 + j, &mut row), dot(r0 + width + j, &mut row));
+                (gt / (1.0 + (-gt).exp()) * up) as f32
+            })
+            .collect()
+    };
+    for ex in [7usize, 8, 3, 255] {
+        let (o, c) = (off[ex] as usize, want_counts[ex] as usize);
+        let mut want = Vec::new();
+        for &ti in &sr[o..o + c] {
+            let ti = ti as usize;
+            want.extend(swiglu(&experts.cpu_gate_up, ex * 2 * f, f, &x[ti * d..(ti + 1) * d]));
         }
-        let (c, o) = (c as usize, o as usize);
-        g.gemm_bf16_f32(
-            xs.at(o * d * 2),
-            experts.gate_up.at(ei * 2 * f * d * 2),
-            ys.at(o * 2 * f * 4),
-            c,
-            2 * f,
-            d,
-        )
-        .unwrap();
+        let err = rel_l2(&got_hs[o * f..(o + c) * f], &want);
+        assert!(err < TOL_GROUPED_BF16, "gate/up of expert {ex} ({c} rows): {err}");
     }
-    moe_silu_mul(&g, ys.ptr, hs.ptr, pairs, f).unwrap();
-    for (ei, (&c, &o)) in want_counts.iter().zip(&off).enumerate() {
-        if c == 0 {
-            continue;
-        }
-        let (c, o) = (c as usize, o as usize);
-        g.gemm_bf16_f32(
-            hs.at(o * f * 2),
-            experts.down.at(ei * d * f * 2),
-            os.at(o * d * 4),
-            c,
-            d,
-            f,
-        )
-        .unwrap();
+    let sgu = Mat::whole(Arc::new(lily_model::tensor::Tensor::procedural(
+        vec![2 * fs, d],
+        Procedural {
+            seed: 33,
+            mean: 0.0,
+            std: 0.022,
+        },
+    )));
+    let mut want = Vec::new();
+    for ti in 0..t {
+        want.extend(swiglu(&sgu, 0, fs, &x[ti * d..(ti + 1) * d]));
     }
-    g.gemm_bf16_f32(xb.ptr, experts.shared_gate_up.ptr, ysh.ptr, t, 2 * fs, d)
-        .unwrap();
-    moe_silu_mul(&g, ysh.ptr, hsh.ptr, t, fs).unwrap();
-    g.gemm_bf16_f32(hsh.ptr, experts.shared_down.ptr, osh.ptr, t, d, fs)
-        .unwrap();
+    let err = rel_l2(&got_hsh, &want);
+    assert!(err < TOL_GROUPED_BF16, "gate/up of the shared expert: {err}");
+
     moe_combine(&g, os.ptr, osh.ptr, rowmap.ptr, wb.ptr, rb.ptr, t, d, k).unwrap();
     let got: Vec<f32> = g.download(rb.ptr, t * d).unwrap();
-
-    let mut delta_want = Vec::with_capacity(t * d);
-    for ti in 0..t {
+    let checked: Vec<usize> = (0..t).step_by(10).chain([129, 200, 250, 299]).collect();
+    let (mut delta_got, mut delta_want) = (Vec::new(), Vec::new());
+    for &ti in &checked {
         let slots = (0..=k).map(|s| {
             let ex = (s < k).then(|| idx[ti * k + s] as usize);
             (ex, wts[ti * (k + 1) + s])
         });
         delta_want.extend(experts.mix(&x[ti * d..(ti + 1) * d], slots));
+        delta_got.extend((0..d).map(|i| got[ti * d + i] - resid[ti * d + i]));
     }
-    let delta_got: Vec<f32> = got.iter().zip(&resid).map(|(a, b)| a - b).collect();
     let e2 = rel_l2(&delta_got, &delta_want);
     assert!(e2 < TOL_MOE, "moe experts, grouped prefill: {e2}");
 }

@@ -47,58 +47,211 @@ extern "C" __global__ void qk_prep_kernel(const float* __restrict__ qg, const fl
     }
 }
 
-// Causal attention for query rows pos0..pos0+T over cache rows 0..pos0+t.
-// Grid (T, Hq), block 256 = 8 warps. Each warp takes every 8th key with its
-// own online softmax; lanes hold Dh/32 dims (Dh <= 256, Dh % 32 == 0); the
-// warps merge at the end. out: [T, Hq * Dh] bf16 = attn * sigmoid(gate).
-#define ATT_WARPS 8
-extern "C" __global__ void attention_kernel(const float* __restrict__ q, const bf16* __restrict__ kcache,
-                                            const bf16* __restrict__ vcache, const float* __restrict__ qg,
-                                            const int* __restrict__ pos_ptr, bf16* __restrict__ out,
-                                            int Hq, int Hkv, int Dh, float scale, int gated) {
-    __shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
-    __shared__ float sm_acc[ATT_WARPS][256];
-    int t = blockIdx.x, h = blockIdx.y;
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    int per = Dh / 32;  // dims per lane, <= 8
-    int kh = h / (Hq / Hkv);
-    long n = (long)pos_ptr[0] + t + 1;
-    float qv[8], acc[8];
-    const float* qr = q + ((long)t * Hq + h) * Dh + lane * per;
-    for (int d = 0; d < 8; d++) {
-        qv[d] = d < per ? qr[d] * scale : 0.f;
-        acc[d] = 0.f;
+// Causal attention of a prefill chunk on the tensor cores (flash attention,
+// the FlashAttention-2 schedule): query rows pos0..pos0+T-1 over cache rows
+// 0..pos0+t for query t, the keys of earlier chunks included, so a long
+// prompt goes through in chunks with memory bounded by the chunk.
+//
+// Grid (ceil(T / 64), Hq), block 128 = 4 warps; the query tiles run last
+// first (the longest key ranges start first). A block holds 64 queries of
+// one head as bf16 in shared memory and walks its key range 64 keys at a
+// time; warp w owns query rows 16w..16w+15:
+//  - S = Q K^T: m16n8k16 MMAs, A from the Q tile and B from the K tile by
+//    ldmatrix (K rows are keys by dims: the MMA's column-major B as stored);
+//  - online softmax in registers, in log2 units (exp2f): lane (g, t) holds
+//    rows g and g + 8, keys 2t, 2t + 1 of each 8-key n-tile; row maxima over
+//    the 4 lanes of a row by shuffles; the row sums stay per lane until the end;
+//  - O += P V: the score tile's C fragments are, pair for pair, the A
+//    fragments of P (rounded to bf16), so P never leaves registers; V's B
+//    fragments by ldmatrix.trans (V rows are keys by dims);
+//  - cp.async: V of a tile loads while its scores are computed, K of the next
+//    tile while P V is; Q, K and V tiles in dynamic shared memory (3 x 64 x
+//    Dh bf16: 96 KiB at Dh 256, two blocks an SM), rows of Dh / 8 16-byte
+//    chunks, chunk c of row r stored at c ^ (r % 8): the 8 rows one ldmatrix
+//    reads hit 8 bank groups.
+// Only key tiles that cross a query's diagonal are masked. Queries enter as
+// bf16 (FlashAttention's precision: the scores of K rows that are bf16
+// already, accumulated in f32); O is f32 until the end, divided by the row
+// sum, times sigmoid(gate), stored bf16. Dh 64, 128 or 256
+// (O's accumulators are sized for 256; smaller heads skip the unused tiles).
+// q: [T, Hq, Dh] f32 (qk_prep's); kcache/vcache [max_seq, Hkv, Dh] bf16;
+// qg [T, Hq, 2 Dh] f32 (gate half read when gated); out [T, Hq * Dh] bf16.
+#define FA_BQ 64
+#define FA_BK 64
+#define FA_DMAX 256
+#define FA_THREADS 128
+#define FA_LOG2E 1.4426950408889634f
+
+// element offset of 16-byte chunk `ch` of row `r` in a swizzled [rows][dh] tile
+__device__ __forceinline__ int fa_swz(int r, int ch, int dh) { return r * dh + ((ch ^ (r & 7)) << 3); }
+
+extern "C" __global__ void __launch_bounds__(FA_THREADS, 2)
+    attention_prefill_kernel(const float* __restrict__ q, const bf16* __restrict__ kcache,
+                             const bf16* __restrict__ vcache, const float* __restrict__ qg,
+                             const int* __restrict__ pos_ptr, bf16* __restrict__ out, int T, int Hq, int Hkv,
+                             int Dh, float scale, int gated) {
+    extern __shared__ __align__(128) bf16 fa_smem[];
+    const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y;
+    const int kh = h / (Hq / Hkv);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int pos0 = pos_ptr[0];
+    const int q0 = qt * FA_BQ;
+    const int qn = min(FA_BQ, T - q0);
+    const int nch = Dh >> 3, lg = __ffs(nch) - 1;  // 16-byte chunks a row (a power of two)
+    bf16* Qs = fa_smem;
+    bf16* Ks = Qs + FA_BQ * Dh;
+    bf16* Vs = Ks + FA_BK * Dh;
+    const unsigned qs0 = smem_addr(Qs), ks0 = smem_addr(Ks), vs0 = smem_addr(Vs);
+    // keys 0 .. nk - 1 serve this block; the last query sees all of them
+    const int nk = pos0 + q0 + qn;
+    const int ntiles = (nk + FA_BK - 1) / FA_BK;
+    const long kstride = (long)Hkv * Dh;
+    const bf16* kbase = kcache + (long)kh * Dh;
+    const bf16* vbase = vcache + (long)kh * Dh;
+    auto load_kv = [&](unsigned dst, const bf16* base, int kt) {
+        for (int i = tid; i < FA_BK * nch; i += FA_THREADS) {
+            int r = i >> lg, c = i & (nch - 1), key = kt * FA_BK + r;
+            bool ok = key < nk;
+            cp_async16(dst + fa_swz(r, c, Dh) * 2, base + (ok ? key : 0) * kstride + c * 8, ok ? 16 : 0);
+        }
+    };
+    load_kv(ks0, kbase, 0);
+    cp_async_commit();
+    // Q: f32 -> bf16, zero rows past T
+    for (int i = tid; i < FA_BQ * nch; i += FA_THREADS) {
+        int r = i >> lg, c = i & (nch - 1);
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r < qn) {
+            const float4* p = reinterpret_cast<const float4*>(q + ((long)(q0 + r) * Hq + h) * Dh + c * 8);
+            float4 a = p[0], b = p[1];
+            v = make_uint4(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w), pack_bf16x2(b.x, b.y),
+                           pack_bf16x2(b.z, b.w));
+        }
+        *reinterpret_cast<uint4*>(Qs + fa_swz(r, c, Dh)) = v;
     }
-    float m = -LILY_INF, l = 0.f;
-    for (long j = w; j < n; j += ATT_WARPS) {
-        const bf16* kr = kcache + (j * Hkv + kh) * Dh + lane * per;
-        float s = 0.f;
-        for (int d = 0; d < per; d++) s += qv[d] * bf2f(kr[d]);
-        s = warp_sum(s);
-        float mn = fmaxf(m, s);
-        float corr = expf(m - mn), p = expf(s - mn);
-        l = l * corr + p;
-        const bf16* vr = vcache + (j * Hkv + kh) * Dh + lane * per;
-        for (int d = 0; d < per; d++) acc[d] = acc[d] * corr + p * bf2f(vr[d]);
-        m = mn;
+
+    float o[FA_DMAX / 8][4];
+#pragma unroll
+    for (int j = 0; j < FA_DMAX / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    float m[2] = {-LILY_INF, -LILY_INF}, l[2] = {0.f, 0.f};
+    const float sl2 = scale * FA_LOG2E;
+    // absolute positions of this lane's two query rows
+    const int qa0 = pos0 + q0 + warp * 16 + g, qa1 = qa0 + 8;
+    const int qrow = warp * 16 + (lane & 15);
+
+    for (int kt = 0; kt < ntiles; kt++) {
+        load_kv(vs0, vbase, kt);
+        cp_async_commit();
+        cp_async_wait<1>();  // K of this tile (and Q's stores) visible
+        __syncthreads();
+        float s[FA_BK / 8][4];
+#pragma unroll
+        for (int j = 0; j < FA_BK / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < FA_DMAX / 16; ks++) {
+            if (ks * 16 >= Dh) break;
+            unsigned a[4];
+            ldmatrix_x4(a, qs0 + fa_swz(qrow, ks * 2 + (lane >> 4), Dh) * 2);
+#pragma unroll
+            for (int nb = 0; nb < FA_BK / 16; nb++) {
+                unsigned b[4];
+                int r = nb * 16 + (lane & 7) + ((lane >> 4) << 3);
+                ldmatrix_x4(b, ks0 + fa_swz(r, ks * 2 + ((lane >> 3) & 1), Dh) * 2);
+                mma_bf16(s[2 * nb], a[0], a[1], a[2], a[3], b[0], b[1]);
+                mma_bf16(s[2 * nb + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
+            }
+        }
+        __syncthreads();  // every warp is done with K
+        if (kt + 1 < ntiles) load_kv(ks0, kbase, kt + 1);
+        cp_async_commit();
+
+        // scores -> log2 units, the causal mask where the tile crosses a diagonal
+        const bool diag = (kt + 1) * FA_BK - 1 > pos0 + q0;
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int j = 0; j < FA_BK / 8; j++)
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                float v = s[j][x] * sl2;
+                if (diag) {
+                    int key = kt * FA_BK + j * 8 + 2 * t4 + (x & 1);
+                    if (key > (x < 2 ? qa0 : qa1)) v = -LILY_INF;
+                }
+                s[j][x] = v;
+                mx[x >> 1] = fmaxf(mx[x >> 1], v);
+            }
+        float corr[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            // key 0 is in every query's range and in the first tile: mx is finite
+            corr[r] = exp2f(m[r] - mx[r]);
+            m[r] = mx[r];
+            l[r] *= corr[r];
+        }
+#pragma unroll
+        for (int j = 0; j < FA_DMAX / 8; j++) {
+            o[j][0] *= corr[0];
+            o[j][1] *= corr[0];
+            o[j][2] *= corr[1];
+            o[j][3] *= corr[1];
+        }
+        unsigned p[FA_BK / 16][4];
+#pragma unroll
+        for (int j = 0; j < FA_BK / 8; j++) {
+            float p0 = exp2f(s[j][0] - m[0]), p1 = exp2f(s[j][1] - m[0]);
+            float p2 = exp2f(s[j][2] - m[1]), p3 = exp2f(s[j][3] - m[1]);
+            l[0] += p0 + p1;
+            l[1] += p2 + p3;
+            // n-tile j is keys 8j..8j+7: the low (even j) or high half of k-step j / 2
+            p[j >> 1][(j & 1) * 2] = pack_bf16x2(p0, p1);
+            p[j >> 1][(j & 1) * 2 + 1] = pack_bf16x2(p2, p3);
+        }
+
+        cp_async_wait<1>();  // V of this tile
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < FA_BK / 16; kk++) {
+            int r = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+            for (int nd = 0; nd < FA_DMAX / 16; nd++) {
+                if (nd * 16 >= Dh) break;
+                unsigned b[4];
+                ldmatrix_x4_trans(b, vs0 + fa_swz(r, nd * 2 + (lane >> 4), Dh) * 2);
+                mma_bf16(o[2 * nd], p[kk][0], p[kk][1], p[kk][2], p[kk][3], b[0], b[1]);
+                mma_bf16(o[2 * nd + 1], p[kk][0], p[kk][1], p[kk][2], p[kk][3], b[2], b[3]);
+            }
+        }
+        __syncthreads();  // every warp is done with V before the next tile's load
     }
-    if (lane == 0) {
-        sm_m[w] = m;
-        sm_l[w] = l;
+    cp_async_wait<0>();
+
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     }
-    for (int d = 0; d < per; d++) sm_acc[w][lane * per + d] = acc[d];
-    __syncthreads();
-    float M = -LILY_INF;
-    for (int i = 0; i < ATT_WARPS; i++) M = fmaxf(M, sm_m[i]);
-    float L = 0.f;
-    for (int i = 0; i < ATT_WARPS; i++) L += sm_m[i] == -LILY_INF ? 0.f : sm_l[i] * expf(sm_m[i] - M);
-    for (int d = threadIdx.x; d < Dh; d += blockDim.x) {
-        float o = 0.f;
-        for (int i = 0; i < ATT_WARPS; i++)
-            if (sm_m[i] != -LILY_INF) o += sm_acc[i][d] * expf(sm_m[i] - M);
-        o /= L;
-        if (gated) o *= sigmoidf_(qg[((long)t * Hq + h) * 2 * Dh + Dh + d]);
-        out[((long)t * Hq + h) * Dh + d] = f2bf(o);
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = warp * 16 + g + 8 * r;
+        if (row >= qn) continue;
+        long base = ((long)(q0 + row) * Hq + h) * Dh;
+        const float* gate = qg + ((long)(q0 + row) * Hq + h) * 2 * Dh + Dh;
+        float inv = 1.f / l[r];
+#pragma unroll
+        for (int j = 0; j < FA_DMAX / 8; j++) {
+            int d = j * 8 + 2 * t4;
+            if (d >= Dh) break;
+            float v0 = o[j][2 * r] * inv, v1 = o[j][2 * r + 1] * inv;
+            if (gated) {
+                float2 gg = *reinterpret_cast<const float2*>(gate + d);
+                v0 *= sigmoidf_(gg.x);
+                v1 *= sigmoidf_(gg.y);
+            }
+            reinterpret_cast<unsigned*>(out)[(base + d) >> 1] = pack_bf16x2(v0, v1);
+        }
     }
 }
 
@@ -165,19 +318,6 @@ extern "C" __global__ void attention_kernel(const float* __restrict__ q, const b
 // fragment register's lanes hold heads 2t (+1) and dims 8g apart, i.e. words
 // 8t + 9g apart mod 32 (2 * 292 = 8 mod 32): 32 lanes, 32 banks.
 #define ATTD_OUT_STRIDE 292
-
-// d += a * b: m16n8k16, A row-major 16 x 16, B column-major 16 x 8, bf16 pairs
-// (lower index in the low half), f32 accumulators.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                         unsigned b0, unsigned b1) {
-    // volatile, as ld_v4: NVVM keeps the two in program order. ptxas still
-    // schedules freely (it sank a batch's own V loads below the batch's score
-    // products), which is why the partial kernel asks for V a batch ahead.
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 // A 16-byte global load through L2 only (.cg: a cache row rewritten after a
 // rewind must not be served from a stale L1 line; common.cuh, pdl_wait),

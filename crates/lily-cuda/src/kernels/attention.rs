@@ -1,5 +1,5 @@
 //! Launchers of kernels/attention.cu: the q/k norms, RoPE and KV-cache append
-//! (`qk_prep`), causal attention of a prefill chunk (`attention`), and
+//! (`qk_prep`), causal attention of a prefill chunk on the tensor cores (`attention`), and
 //! split-K ("flash decoding") attention for one query token
 //! (`attention_decode`): the same function as `attention` at T = 1 (same
 //! inputs, same bf16 output), with the key range split `splits` ways so that
@@ -148,8 +148,16 @@ pub struct Attend {
     pub out: u64,
 }
 
-/// Causal gated attention of `t` queries over the cache (`attention_kernel`,
-/// a prefill chunk's: one block per query and head).
+/// Query rows (and keys) a block of the prefill attention takes at a time,
+/// its threads, and the head dims it is written for (attention.cu FA_*).
+const PREFILL_ROWS: usize = 64;
+const PREFILL_THREADS: u32 = 128;
+pub const PREFILL_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
+/// Causal gated attention of `t` queries over the cache on the tensor cores
+/// (`attention_prefill_kernel`, flash attention): query i at position pos + i
+/// attends to cache rows 0 ..= pos + i, the rows of earlier chunks included.
+/// Head dims 64, 128 and 256.
 pub fn attention(
     gpu: &Gpu,
     a: &Attend,
@@ -159,15 +167,20 @@ pub fn attention(
     t: usize,
 ) -> Result<()> {
     heads.check("attention")?;
-    if t == 0 || t > u32::MAX as usize {
+    let Heads { hq, hkv, dh } = heads;
+    if !PREFILL_HEAD_DIMS.contains(&dh) {
+        bail!("attention: the prefill kernel takes head dims {PREFILL_HEAD_DIMS:?}, got {dh}");
+    }
+    if t == 0 || t > i32::MAX as usize {
         bail!("attention: {t} queries");
     }
-    let Heads { hq, hkv, dh } = heads;
+    // Q, K and V tiles of 64 rows
+    let smem = (3 * PREFILL_ROWS * dh * 2) as u32;
     gpu.launch(
-        Kernel::Attention,
-        (t as u32, hq as u32, 1),
-        (256, 1, 1),
-        0,
+        Kernel::AttentionPrefill,
+        (t.div_ceil(PREFILL_ROWS) as u32, hq as u32, 1),
+        (PREFILL_THREADS, 1, 1),
+        smem,
         &[
             Arg::Ptr(a.q),
             Arg::Ptr(a.kcache),
@@ -175,6 +188,7 @@ pub fn attention(
             Arg::Ptr(a.qg),
             Arg::Ptr(a.pos),
             Arg::Ptr(a.out),
+            Arg::I32(t as i32),
             Arg::I32(hq as i32),
             Arg::I32(hkv as i32),
             Arg::I32(dh as i32),

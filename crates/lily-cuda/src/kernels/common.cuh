@@ -58,6 +58,54 @@ __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + expf(-
 __device__ __forceinline__ float siluf_(float x) { return x / (1.f + expf(-x)); }
 __device__ __forceinline__ float softplusf_(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 
+// ---------------------------------------------------------------------------
+// Tensor-core helpers (mma.sync, ldmatrix, cp.async): the decode attention and
+// the prefill GEMM and attention kernels.
+
+// d += a * b: m16n8k16, A row-major 16 x 16, B column-major 16 x 8, bf16 pairs
+// (lower index in the low half), f32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                         unsigned b0, unsigned b1) {
+    // volatile, as ld_v4: NVVM keeps the two in program order. ptxas still
+    // schedules freely (it sank a batch's own V loads below the batch's score
+    // products), which is why attention.cu's decode partial kernel asks for V a batch ahead.
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Four 8x8 bf16 matrices from shared memory: lane l gives the address of row
+// l % 8 of matrix l / 8; register i of every lane holds its pair of matrix i
+// (lane l: row l / 4, columns 2 (l % 4), +1). `_trans` hands out the
+// transposed matrices (lane l: column l / 4, rows 2 (l % 4), +1).
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+// 16 bytes global -> shared without passing through registers; `bytes` < 16
+// fills the rest with zeros (0: all zeros, `src` is not read).
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Wait until at most N committed groups of this thread are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+// Two floats as a bf16 pair, the first in the low half (an MMA operand word).
+__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
+    return (unsigned)f2bf(lo) | ((unsigned)f2bf(hi) << 16);
+}
+
 // 8 bf16 held in a uint4 (16 bytes), widened to f32.
 __device__ __forceinline__ void unpack8(uint4 v, float* out) {
     unsigned w[4] = {v.x, v.y, v.z, v.w};

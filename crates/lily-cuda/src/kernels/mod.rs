@@ -17,6 +17,7 @@ pub mod gdn_chunked;
 pub mod gemv;
 pub mod lm_head;
 pub mod moe;
+pub mod moe_grouped;
 pub mod norm;
 pub mod sampling;
 
@@ -30,6 +31,7 @@ pub const FILES: &[(&str, &str)] = &[
     ("gdn", include_str!("gdn.cu")),
     ("gdn_chunked", include_str!("gdn_chunked.cu")),
     ("moe", include_str!("moe.cu")),
+    ("moe_grouped", include_str!("moe_grouped.cu")),
     ("sampling", include_str!("sampling.cu")),
 ];
 const COMMON: &str = include_str!("common.cuh");
@@ -81,7 +83,7 @@ kernel_table! {
     HeadScreen: "head_screen_kernel" in "lm_head", pdl true, trace 14, "lm_head screen";
     HeadPick: "head_pick_kernel" in "lm_head", pdl true, trace 15, "lm_head screen";
     QkPrep: "qk_prep_kernel" in "attention", pdl true, trace 8, "attn qk prep";
-    Attention: "attention_kernel" in "attention", pdl false, trace 0, "attn core";
+    AttentionPrefill: "attention_prefill_kernel" in "attention", pdl false, trace 0, "attn core";
     AttentionDecodePartial: "attention_decode_partial_kernel" in "attention", pdl true, trace 9, "attn core";
     AttentionDecodeMerge: "attention_decode_merge_kernel" in "attention", pdl true, trace 10, "attn core";
     ConvSilu: "conv_silu_kernel" in "gdn", pdl true, trace 0, "gdn conv";
@@ -94,8 +96,9 @@ kernel_table! {
     MoeDownNorm: "moe_down_norm_kernel" in "moe", pdl true, trace 7, "moe down";
     MoeCount: "moe_count_kernel" in "moe", pdl false, trace 0, "moe experts";
     MoeAssign: "moe_assign_kernel" in "moe", pdl false, trace 0, "moe experts";
-    MoeGather: "moe_gather_kernel" in "moe", pdl false, trace 0, "moe experts";
-    MoeSiluMul: "moe_silu_mul_kernel" in "moe", pdl false, trace 0, "moe experts";
+    MoeTiles: "moe_tiles_kernel" in "moe_grouped", pdl false, trace 0, "moe experts";
+    MoeGateUpGrouped: "moe_gate_up_grouped_kernel" in "moe_grouped", pdl false, trace 0, "moe experts";
+    MoeDownGrouped: "moe_down_grouped_kernel" in "moe_grouped", pdl false, trace 0, "moe experts";
     MoeCombine: "moe_combine_kernel" in "moe", pdl false, trace 0, "moe experts";
     Argmax: "argmax_kernel" in "sampling", pdl false, trace 0, "sampling";
     Sample: "sample_kernel" in "sampling", pdl false, trace 0, "sampling";

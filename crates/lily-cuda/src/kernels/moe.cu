@@ -490,25 +490,6 @@ extern "C" __global__ void moe_assign_kernel(const int* __restrict__ idx, int n,
     }
 }
 
-// xs[row, :] = h[src[row], :] (bf16 rows of D). Grid rows, block 256.
-extern "C" __global__ void moe_gather_kernel(const bf16* __restrict__ h, const int* __restrict__ src,
-                                             bf16* __restrict__ xs, int D) {
-    long r = blockIdx.x;
-    const uint4* in = reinterpret_cast<const uint4*>(h + (long)src[r] * D);
-    uint4* out = reinterpret_cast<uint4*>(xs + r * D);
-    for (int i = threadIdx.x; i < D / 8; i += blockDim.x) out[i] = in[i];
-}
-
-// hs[r, f] = bf16(silu(y[r, f]) * y[r, F + f]) for y [rows, 2F] f32 (gate | up).
-extern "C" __global__ void moe_silu_mul_kernel(const float* __restrict__ y, bf16* __restrict__ hs, long rows, int F) {
-    long n = rows * F;
-    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
-        long r = i / F;
-        int f = (int)(i - r * F);
-        hs[i] = f2bf(siluf_(y[r * 2 * F + f]) * y[r * 2 * F + F + f]);
-    }
-}
-
 // x[t, d] += sum_slot wts[t, slot] * os[rowmap[t, slot], d] + wts[t, K] * osh[t, d],
 // the slots summed in order as moe_down_row does. Grid T, block 256.
 extern "C" __global__ void moe_combine_kernel(const float* __restrict__ os, const float* __restrict__ osh,

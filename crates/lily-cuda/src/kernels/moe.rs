@@ -1,7 +1,7 @@
 //! Launchers of kernels/moe.cu: the router and the experts of one decode
 //! token (the router's product, gate/up with SiLU, down with the residual
-//! add and the next norm), and the sort/gather/combine kernels around the
-//! prefill chunk's per-expert GEMMs.
+//! add and the next norm), and the sort and combine kernels around a
+//! prefill chunk's grouped GEMMs (moe_grouped.rs).
 
 use anyhow::{bail, Result};
 
@@ -299,45 +299,6 @@ pub fn moe_assign(
             Arg::Ptr(offsets),
             Arg::Ptr(rowmap),
             Arg::Ptr(src),
-        ],
-    )
-}
-
-/// xs [rows, d] bf16 = h [src[row], :] (`moe_gather_kernel`).
-pub fn moe_gather(gpu: &Gpu, h: u64, src: u64, xs: u64, rows: usize, d: usize) -> Result<()> {
-    if rows == 0
-        || rows > u32::MAX as usize
-        || d == 0
-        || !d.is_multiple_of(8)
-        || d > i32::MAX as usize
-    {
-        bail!("moe_gather: {rows} rows of {d} (a multiple of 8)");
-    }
-    gpu.launch(
-        Kernel::MoeGather,
-        (rows as u32, 1, 1),
-        (256, 1, 1),
-        0,
-        &[Arg::Ptr(h), Arg::Ptr(src), Arg::Ptr(xs), Arg::I32(d as i32)],
-    )
-}
-
-/// out [rows, f] bf16 = silu(y[:, :f]) * y[:, f:] for y [rows, 2f] f32
-/// (gate | up) (`moe_silu_mul_kernel`).
-pub fn moe_silu_mul(gpu: &Gpu, y: u64, out: u64, rows: usize, f: usize) -> Result<()> {
-    if rows == 0 || f == 0 || f > i32::MAX as usize {
-        bail!("moe_silu_mul: {rows} rows of {f}");
-    }
-    gpu.launch(
-        Kernel::MoeSiluMul,
-        (((rows * f).div_ceil(256)).min(65_535) as u32, 1, 1),
-        (256, 1, 1),
-        0,
-        &[
-            Arg::Ptr(y),
-            Arg::Ptr(out),
-            Arg::U64(rows as u64),
-            Arg::I32(f as i32),
         ],
     )
 }

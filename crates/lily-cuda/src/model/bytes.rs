@@ -100,3 +100,53 @@ impl CudaModel {
         b
     }
 }
+
+/// Tokens a chunk of the chunked GDN holds (gdn_chunked.cu CH): its FLOP count's.
+const GDN_CHUNK: f64 = 64.0;
+
+/// Floating-point operations (a multiply-add is two) of one occurrence of a
+/// prefill group (a layer's, as `layers` marks it) for a chunk of `t` tokens
+/// after `pos` cached ones: the prefill roofline's column. Groups that only
+/// move data (norms, sorts, the KV append, the combine) count none. The
+/// chunked GDN counts its form's products per token and value head: the two
+/// 64-wide Gram rows (q k^T, k k^T), the UT transform's right-hand sides, the
+/// state's three products (W S, q S, its update) and P v'.
+pub fn prefill_group_flops(cfg: &Config, group: &str, t: usize, pos: usize) -> f64 {
+    let (t, pos) = (t as f64, pos as f64);
+    let f = |x: usize| x as f64;
+    let d = f(cfg.hidden_size);
+    let (hq, hkv, dh) = (
+        f(cfg.num_attention_heads),
+        f(cfg.num_key_value_heads),
+        f(cfg.head_dim),
+    );
+    let (hv, dk, dv) = (
+        f(cfg.linear_num_value_heads),
+        f(cfg.linear_key_head_dim),
+        f(cfg.linear_value_head_dim),
+    );
+    let (e, k, fe, fs) = (
+        f(cfg.num_experts),
+        f(cfg.num_experts_per_tok),
+        f(cfg.moe_intermediate_size),
+        f(cfg.shared_expert_intermediate_size),
+    );
+    match group {
+        "attn qkv proj" => 2.0 * t * d * (f(cfg.q_proj_rows()) + 2.0 * hkv * dh),
+        "attn core" => 4.0 * dh * hq * (t * pos + t * (t + 1.0) / 2.0),
+        "attn o proj" => 2.0 * t * hq * dh * d,
+        "gdn in proj" => 2.0 * t * d * (f(cfg.conv_dim()) + hv * dv + 2.0 * hv),
+        "gdn conv" => 2.0 * t * f(cfg.conv_dim()) * f(cfg.linear_conv_kernel_dim),
+        "gdn core" => {
+            let c = GDN_CHUNK;
+            t * hv * (4.0 * c * dk + 2.0 * c * (dk + dv) + 6.0 * dk * dv + 2.0 * c * dv)
+        }
+        "gdn out proj" => 2.0 * t * hv * dv * d,
+        "moe router" => 2.0 * t * d * (e + 1.0),
+        "moe gate/up" => 2.0 * t * k * d * 2.0 * fe,
+        "moe down" => 2.0 * t * k * fe * d,
+        "moe shared" => 2.0 * t * 3.0 * d * fs,
+        "lm_head" => 2.0 * d * f(cfg.vocab_size),
+        _ => 0.0,
+    }
+}

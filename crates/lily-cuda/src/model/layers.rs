@@ -301,7 +301,7 @@ impl CudaModel {
         self.mark("moe router", lw.router.bytes as u64)?;
         if t > 1 {
             self.moe_grouped(lw, t)?;
-            return self.mark("moe experts", moe_expert_bytes(cfg));
+            return self.mark("moe combine", 0);
         }
         // the routing published by gate/up for down (the d = 2048 path; not
         // in an ablation capture that drops the flags' clearing)
@@ -392,7 +392,7 @@ impl CudaModel {
         }
     }
 
-    fn mark(&self, name: &'static str, bytes: u64) -> Result<()> {
+    pub(super) fn mark(&self, name: &'static str, bytes: u64) -> Result<()> {
         self.prof.mark(&self.gpu.stream, name, bytes)?;
         if let Some(a) = self.ablate.lock().unwrap().as_mut() {
             self.gpu.set_skip(a.passed(name));

@@ -1,6 +1,8 @@
 //! The CUDA forward pass: the same layer sequence as the CPU reference, as an
 //! explicit list of kernel launches into buffers allocated once. Prefill runs
-//! chunks of up to `prefill_chunk` tokens through cuBLAS GEMMs; decode (one
+//! chunks of up to `prefill_chunk` tokens through GEMMs on the tensor cores
+//! (cuBLAS for the dense projections, Lily's grouped GEMMs for the experts)
+//! and flash attention; decode (one
 //! token) uses Lily's matrix-vector kernels. Positions and token ids live in
 //! device memory, and a decode step allocates nothing and never waits on the
 //! host, so it can be captured in a CUDA graph. The step also makes its
@@ -19,12 +21,14 @@ use anyhow::{bail, Result};
 use lily_model::{Config, LayerKind, Weights};
 
 use self::bytes::gib;
+pub use self::bytes::prefill_group_flops;
 use self::decode::StepGraph;
 use crate::gpu::{DevBuf, Gpu};
 use crate::kernels::attention::{attention_decode_scratch_bytes, attention_decode_splits};
 use crate::kernels::gdn_chunked::gdn_chunked_scratch_bytes;
 use crate::kernels::lm_head::HeadScreen;
 use crate::kernels::moe::MoeDims;
+use crate::kernels::moe_grouped::tile_list_len;
 use crate::weights::{moe_dims, upload, weight_bytes, DevWeights};
 
 /// How a greedy decode step picks its token.
@@ -133,13 +137,12 @@ struct Scratch {
 struct Grouped {
     counts: DevBuf,  // [E] i32 pairs per expert
     offsets: DevBuf, // [E] i32 first row of each expert's block
+    tiles: DevBuf,   // the GEMMs' tile list (moe_grouped::tile_list_len entries, i32)
     rowmap: DevBuf,  // [T*K] i32 row of each pair
     src: DevBuf,     // [T*K] i32 token of each row
-    xs: DevBuf,      // [T*K, D] bf16 gathered inputs
-    ys: DevBuf,      // [T*K, max(2F, D)] f32 gate|up products, then down products
-    hs: DevBuf,      // [T*K, F] bf16 silu(gate) * up
-    ysh: DevBuf,     // [T, 2Fs] f32 shared expert gate|up
-    hsh: DevBuf,     // [T, Fs] bf16
+    hs: DevBuf,      // [T*K, F] bf16 silu(gate) * up, rows sorted by expert
+    ys: DevBuf,      // [T*K, D] f32 down products
+    hsh: DevBuf,     // [T, Fs] bf16 the shared expert's silu(gate) * up
     osh: DevBuf,     // [T, D] f32 shared expert output
 }
 
@@ -148,11 +151,10 @@ fn grouped_bytes(cfg: &Config, t: usize) -> usize {
     let MoeDims { d, e, k, f, fs } = moe_dims(cfg);
     let pairs = t * k;
     2 * e * 4
+        + tile_list_len(pairs, e) * 4
         + 2 * pairs * 4
-        + pairs * d * 2
-        + pairs * (2 * f).max(d) * 4
         + pairs * f * 2
-        + t * 2 * fs * 4
+        + pairs * d * 4
         + t * fs * 2
         + t * d * 4
 }
@@ -245,6 +247,12 @@ impl CudaModel {
     ) -> Result<CudaModel> {
         if opts.max_seq == 0 || opts.max_seq > 262_144 {
             bail!("--max-seq must be in 1..=262144, got {}", opts.max_seq);
+        }
+        if opts.prefill_chunk == 0 || opts.prefill_chunk > 65_536 {
+            bail!(
+                "--prefill-chunk must be in 1..=65536, got {}",
+                opts.prefill_chunk
+            );
         }
         let (wb, sb, ab) = memory_estimate(&cfg, &opts);
         let (free, total) = gpu.free_memory()?;
@@ -385,12 +393,11 @@ impl CudaModel {
                 Grouped {
                     counts: gpu.alloc(e * 4)?,
                     offsets: gpu.alloc(e * 4)?,
+                    tiles: gpu.alloc(tile_list_len(pairs, e) * 4)?,
                     rowmap: gpu.alloc(pairs * 4)?,
                     src: gpu.alloc(pairs * 4)?,
-                    xs: gpu.alloc(pairs * d * 2)?,
-                    ys: gpu.alloc(pairs * (2 * f).max(d) * 4)?,
                     hs: gpu.alloc(pairs * f * 2)?,
-                    ysh: gpu.alloc(t * 2 * fs * 4)?,
+                    ys: gpu.alloc(pairs * d * 4)?,
                     hsh: gpu.alloc(t * fs * 2)?,
                     osh: gpu.alloc(t * d * 4)?,
                 }

@@ -1,5 +1,5 @@
-//! Decode-step profiling for `lily bench --profile`: runs a real step on a
-//! throwaway state, so it stays out of the serving path.
+//! Profiling for `lily bench --profile`: a decode step or a prefill's last
+//! chunk, run for real on a throwaway state, so it stays out of the serving path.
 
 use anyhow::{Context, Result};
 
@@ -103,5 +103,40 @@ impl CudaModel {
             out.push((g, whole - time(Some(g))?));
         }
         Ok((whole, out))
+    }
+
+    /// Time each kernel group of the last chunk of a prefill of `tokens`:
+    /// the chunks before it run as usual, the last with an event after each
+    /// group, then the last row's lm_head. Returns (the chunk's first
+    /// position, its tokens, the groups summed over the layers). The state
+    /// holds the prompt afterwards.
+    pub fn profile_prefill(
+        &self,
+        st: &mut CudaState,
+        tokens: &[u32],
+    ) -> Result<(usize, usize, Vec<crate::profile::Section>)> {
+        self.check(st, tokens)?;
+        if tokens.is_empty() {
+            anyhow::bail!("profile_prefill: no tokens");
+        }
+        let chunk = self.opts.prefill_chunk;
+        let last = (tokens.len() - 1) / chunk * chunk;
+        self.run_chunks(st, &tokens[..last], &mut |_| Ok(()))?;
+        let (pos, n) = (st.pos, tokens.len() - last);
+        let ids: Vec<i32> = tokens[last..].iter().map(|&x| x as i32).collect();
+        self.gpu.upload(self.s.ids.ptr, &ids)?;
+        self.set_pos(pos)?;
+        self.gpu.sync()?;
+        self.prof.begin(16 * self.cfg.layer_kinds.len() + 8)?;
+        let r = self
+            .prof
+            .mark_start(&self.gpu.stream)
+            .and_then(|_| self.layers(st, n, self.s.ids.ptr))
+            .and_then(|_| self.head(n - 1, 1, self.s.logits.ptr));
+        let marks = self.prof.take().context("profile marks")?;
+        r?;
+        self.gpu.sync()?;
+        st.pos += n;
+        Ok((pos, n, marks.sections()?))
     }
 }
