@@ -6,17 +6,16 @@
 //! initial state. Every GPU test is ignored without `--include-ignored`
 //! (support's module comment says why).
 //!
-//! Tolerances (`TOL_O`, `TOL_S`): everything is f32 on both sides; the
-//! chunked form sums the same terms as the recurrence in another order (the
-//! UT transform, per-chunk matrix products, decays as exp of cumulative sums
-//! instead of running products). A host emulation of these kernels gave
-//! relative L2 errors of ~5e-7 for o and S; an algebraic mistake (a wrong
-//! decay, a chunk boundary, a head mapping) gives 1e-2 or more. Hence 1e-4 for the output. The final
-//! state gets the same 1e-4: it is an f32 sum over the same terms as the
-//! recurrent state, with every decay factor <= 1, so rounding does not grow
-//! with T (decays of at most 0.999 forget an error within a few thousand
-//! tokens); it is compared relative to the whole state's L2 norm, which the
-//! random initial state keeps well away from zero.
+//! Tolerances (`TOL_O`, `TOL_S`): the chunked kernels compute on the tensor
+//! cores with bf16 operands and f32 accumulation, as fla's chunk kernels do:
+//! the normalised q and k, T = (I + A)^-1, the right-hand sides, U, W, the
+//! decayed q and k, P, the state and v' are each rounded to bf16 (2^-9
+//! relative) before a product, so o and S carry a few of those roundings in
+//! series (~5e-3 relative L2 expected); an algebraic mistake (a wrong decay,
+//! a chunk boundary, a head mapping) moves them by 1e-1 or more. The final
+//! state is compared relative to the whole state's L2 norm, which the random
+//! initial state keeps well away from zero; decays <= 1 forget earlier
+//! rounding, so the error does not grow with T.
 //!
 //! The fused decode kernel (`lily_cuda::kernels::gdn::gdn_decode`: the conv,
 //! the T = 1 step and the gated RMSNorm in one launch) is checked step after
@@ -32,7 +31,7 @@ use lily_cuda::kernels::gdn::{
     gdn_decode, gdn_decode_check, GdnDecode, GDN_DECODE_CONV, GDN_DECODE_DV,
 };
 use lily_cuda::kernels::gdn_chunked::{
-    gdn_chunk_record_floats, gdn_chunked_check, gdn_chunked_prefill, gdn_chunked_scratch_bytes,
+    gdn_chunk_record_bytes, gdn_chunked_check, gdn_chunked_prefill, gdn_chunked_scratch_bytes,
     GDN_CHUNK, GDN_DK,
 };
 use lily_model::DType;
@@ -49,10 +48,10 @@ const DIMS: GdnDims = GdnDims {
     dk: DK,
     dv: DV,
 };
-/// f32 both sides, the same terms in another order: ~5e-7 expected, an algebraic mistake 1e-2.
-const TOL_O: f64 = 1e-4;
-/// The final state: f32 sums with decays <= 1, so rounding does not grow with T.
-const TOL_S: f64 = 1e-4;
+/// bf16 operands, f32 sums: ~5e-3 expected, an algebraic mistake 1e-1.
+const TOL_O: f64 = 2e-2;
+/// The final state: the same roundings, with decays <= 1 forgetting old ones.
+const TOL_S: f64 = 2e-2;
 /// Not a degenerate test: the reference's largest |o| is at least this.
 const MIN_O: f32 = 0.01;
 /// Outputs of a different initial state differ by at least this (the negative tests).
@@ -109,7 +108,7 @@ fn run_gpu(g: &Gpu, x: &GdnInputs, how: Scratch) -> (Vec<f32>, Vec<f32>) {
     let o = g.upload_new(&vec![f32::NAN; t * HV * DV]).unwrap();
     let buf = match how {
         Scratch::Sized => g.alloc(gdn_chunked_scratch_bytes(t, HV, DV)).unwrap(),
-        Scratch::Chunks(n) => g.alloc(n * HV * gdn_chunk_record_floats(DV) * 4).unwrap(),
+        Scratch::Chunks(n) => g.alloc(n * HV * gdn_chunk_record_bytes(DV)).unwrap(),
     };
     gdn_chunked_prefill(
         g,

@@ -1,16 +1,16 @@
 //! Chunked Gated DeltaNet prefill (kernels/gdn_chunked.cu): the gated delta
 //! recurrence of lily-cpu's `GdnCore` (same inputs, same state in and out,
 //! same output), computed 64 tokens at a time in its UT-transform form
-//! (`GdnCore::head_chunked`).
+//! (`GdnCore::head_chunked`), on the tensor cores.
 //!
 //! Two kernels per pass, on the Gpu's stream:
-//! 1. `gdn_chunk_prep_kernel`, grid (chunks in the pass, Hv), block 256: per
+//! 1. `gdn_chunk_prep_kernel`, grid (chunks in the pass, Hv), block 128: per
 //!    (chunk, v head), in parallel, the state-independent part: gates, the
 //!    cumulative log-decay, A, T = (I + A)^-1, U = T beta v, W = T beta k e^gam,
-//!    the decayed q and k and the masked decayed Q K^T, into a scratch record.
-//! 2. `gdn_chunk_scan_kernel`, grid (Hv, Dv / 32), block 256: per (v head, 32
+//!    the decayed q and k and the masked decayed Q K^T, into a bf16 scratch record.
+//! 2. `gdn_chunk_scan_kernel`, grid (Hv, Dv / 32), block 128: per (v head, 32
 //!    state columns), sequentially over the pass's chunks: v' = U - W S, the
-//!    output, and the state update, with S[:, cols] in shared memory.
+//!    output, and the state update, with S[:, cols] in registers.
 //!
 //! A pass covers at most as many chunks as the scratch buffer holds records
 //! for; passes run back to back on the stream, the state carrying over, so any
@@ -25,34 +25,46 @@ use crate::gpu::{Arg, DevBuf, Gpu};
 pub const GDN_CHUNK: usize = 64;
 /// The key head dimension the kernels are compiled for.
 pub const GDN_DK: usize = 128;
-/// Chunks per pass that `gdn_chunked_scratch_bytes` sizes for: 2048 tokens,
-/// 1024 prep blocks at Hv = 32, 151 MB of scratch at Hv = 32, Dv = 128.
-pub const GDN_MAX_PASS_CHUNKS: usize = 32;
+/// Chunks per pass that `gdn_chunked_scratch_bytes` sizes for: 4096 tokens,
+/// 2048 prep blocks at Hv = 32, 151 MB of scratch at Hv = 32, Dv = 128.
+pub const GDN_MAX_PASS_CHUNKS: usize = 64;
 /// Threads per block of both kernels (the kernels assume exactly this).
-const THREADS: u32 = 256;
+const THREADS: u32 = 128;
 
-/// f32 values of one (chunk, head) scratch record: W, Qg, Kd [64][128],
-/// U [64][Dv], P [64][64], gam_last + 3 padding (kernels/gdn_chunked.cu,
-/// GDN_CHUNK_FLOATS).
-pub fn gdn_chunk_record_floats(dv: usize) -> usize {
-    GDN_CHUNK * (3 * GDN_DK + dv) + GDN_CHUNK * GDN_CHUNK + 4
+/// Bytes of one (chunk, head) scratch record: W, Qg, Kd [64][128],
+/// U [64][Dv], P [64][64] bf16, gam_last f32 + 3 padding
+/// (kernels/gdn_chunked.cu, GDN_CHUNK_ELEMS).
+pub fn gdn_chunk_record_bytes(dv: usize) -> usize {
+    2 * (GDN_CHUNK * (3 * GDN_DK + dv) + GDN_CHUNK * GDN_CHUNK + 8)
+}
+
+/// The kernels' dynamic shared memory (gdn_chunked.cu gdn_prep_smem,
+/// GDN_SCAN_SMEM).
+fn prep_smem(dv: usize) -> u32 {
+    let (ch, dk) = (GDN_CHUNK, GDN_DK);
+    (2 * ch * dk * 2 + 2 * ch * 65 * 4 + 3 * 256 * 4 + ch * ch * 2 + ch * (dv + dk) * 2) as u32
+}
+fn scan_smem() -> u32 {
+    let (ch, dk) = (GDN_CHUNK, GDN_DK);
+    let stage = 3 * ch * dk + ch * ch + ch * 32;
+    ((2 * stage + dk * 32 + ch * 32) * 2) as u32
 }
 
 /// Bytes of scratch `gdn_chunked_prefill` uses for `t` tokens: one record per (chunk, v head) for
 /// min(ceil(t / 64), GDN_MAX_PASS_CHUNKS) chunks. A buffer of this size serves
 /// every t' <= t, and in fact any t (more passes).
 pub fn gdn_chunked_scratch_bytes(t: usize, hv: usize, dv: usize) -> usize {
-    t.div_ceil(GDN_CHUNK).min(GDN_MAX_PASS_CHUNKS) * hv * gdn_chunk_record_floats(dv) * 4
+    t.div_ceil(GDN_CHUNK).min(GDN_MAX_PASS_CHUNKS) * hv * gdn_chunk_record_bytes(dv)
 }
 
-/// The shapes the chunked kernels support: Dk = 128, Dv a positive multiple
-/// of 32, Hv a positive multiple of Hk.
+/// The shapes the chunked kernels support: Dk = 128, Dv 64 or 128, Hv a
+/// positive multiple of Hk.
 pub fn gdn_chunked_check(hk: usize, hv: usize, dk: usize, dv: usize) -> Result<()> {
     if dk != GDN_DK {
         bail!("gdn_chunked: key head dim must be {GDN_DK}, got {dk}");
     }
-    if dv == 0 || !dv.is_multiple_of(32) {
-        bail!("gdn_chunked: value head dim must be a positive multiple of 32, got {dv}");
+    if dv != 64 && dv != 128 {
+        bail!("gdn_chunked: value head dim must be 64 or 128, got {dv}");
     }
     if hk == 0 || hv == 0 || !hv.is_multiple_of(hk) {
         bail!("gdn_chunked: value heads ({hv}) must be a positive multiple of key heads ({hk})");
@@ -74,7 +86,7 @@ pub fn gdn_chunked_check(hk: usize, hv: usize, dk: usize, dv: usize) -> Result<(
 /// - `s` [hv, 128, dv]: the initial state, overwritten with the final state;
 /// - `o` [t, hv, dv]: the output (must not overlap `conv`).
 ///
-/// `scratch`: a buffer of at least `gdn_chunk_record_floats(dv) * hv * 4`
+/// `scratch`: a buffer of at least `gdn_chunk_record_bytes(dv) * hv`
 /// bytes (one chunk; 16-byte aligned): a pass covers as many chunks as it
 /// holds (`gdn_chunked_scratch_bytes(t, hv, dv)` covers up to
 /// `GDN_MAX_PASS_CHUNKS`).
@@ -101,7 +113,7 @@ pub fn gdn_chunked_prefill(
         bail!("gdn_chunked: {t} tokens is too many");
     }
     let chunks = t.div_ceil(GDN_CHUNK);
-    let per_chunk = hv * gdn_chunk_record_floats(dv) * 4;
+    let per_chunk = hv * gdn_chunk_record_bytes(dv);
     let cap = scratch.bytes / per_chunk;
     if cap == 0 {
         bail!(
@@ -123,7 +135,7 @@ pub fn gdn_chunked_prefill(
             Kernel::GdnChunkPrep,
             (np as u32, hv as u32, 1),
             (THREADS, 1, 1),
-            0,
+            prep_smem(dv),
             &[
                 Arg::Ptr(conv),
                 Arg::Ptr(ba),
@@ -141,7 +153,7 @@ pub fn gdn_chunked_prefill(
             Kernel::GdnChunkScan,
             (hv as u32, (dv / 32) as u32, 1),
             (THREADS, 1, 1),
-            0,
+            scan_smem(),
             &[
                 Arg::Ptr(buf),
                 Arg::Ptr(s),
