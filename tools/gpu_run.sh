@@ -166,6 +166,16 @@ PY
 prefill)
   note "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader)"
   bench prefill "$lily" --prompt-len "${LILY_PROMPTS:-512,4096,16384,32768}" --context 64 --gen 16 --runs 2 --profile
+  # every variant (tools/build_variant.sh) and an old bundle, if carried, in the same run
+  for d in "$carry"/variants/*/; do
+    [ -f "$d/bundle.tar.xz" ] || continue
+    unpack "$d"
+    bench "prefill-$(basename "$d")" "$d/lily" --prompt-len "${LILY_PROMPTS:-512,4096,16384,32768}" --context 64 --gen 16 --runs 2
+  done
+  if [ -f "$carry/old/bundle.tar.xz" ]; then
+    unpack "$carry/old"
+    bench prefill-old "$carry/old/lily" --prompt-len "${LILY_PROMPTS:-512,4096,16384,32768}" --context 64 --gen 16 --runs 2
+  fi
   [ -s "$out/prefill.json" ] && python3 tools/roofline.py "$out/prefill.json" > "$out/prefill-roofline.md" \
     && note "$(cat "$out/prefill-roofline.md")"
   ;;

@@ -67,7 +67,7 @@ extern "C" __global__ void moe_tiles_kernel(const int* __restrict__ counts, int 
     if (e < E) {
         offsets[e] = off[e];
         int n = first[e + 1] - first[e];
-        for (int i = 0; i < n; i++) tiles[1 + first[e] + i] = e | (i << 16);
+        for (int i = 0; i < n; i++) tiles[1 + first[e] + i] = (int)((unsigned)e | ((unsigned)i << 16));
     }
 }
 
@@ -83,9 +83,9 @@ __device__ __forceinline__ void grouped_gemm(const bf16* __restrict__ a, const i
     int grp, r0, base, cnt;
     if (tiles) {
         if ((int)blockIdx.y >= tiles[0]) return;
-        int v = tiles[1 + blockIdx.y];
+        unsigned v = (unsigned)tiles[1 + blockIdx.y];
         grp = v & 0xffff;
-        r0 = (v >> 16) * GG_BM;
+        r0 = (int)(v >> 16) * GG_BM;
         base = offsets[grp];
         cnt = counts[grp];
     } else {
