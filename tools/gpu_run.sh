@@ -52,6 +52,8 @@ gpu_tests() { # BUNDLE TAG: every GPU test binary of the bundle, GPU tests inclu
   for t in "$dir"/test-*; do
     [ -x "$t" ] || continue
     local n; n=$(basename "$t")
+    # LILY_TESTS: only these test binaries (names without test-), e.g. "gdn_gpu ops_gpu"
+    [ -n "${LILY_TESTS:-}" ] && [[ " $LILY_TESTS " != *" ${n#test-} "* ]] && continue
     if timeout 300 "$t" --include-ignored --test-threads 1 > "$logs/$tag-$n.log" 2>&1; then
       note "$tag $n: $(grep -E '^test result' "$logs/$tag-$n.log" | tail -1)"
     else
