@@ -126,6 +126,9 @@ pub struct Gpu {
     /// each kernel of the table (by `Kernel`), and whether it is launched
     /// with programmatic stream serialization (never when PDL is off)
     funcs: Vec<(CudaFunction, bool)>,
+    /// the dynamic shared memory each kernel has been allowed (bytes past the
+    /// default 48 KiB must be asked for once per kernel)
+    smem_allowed: Vec<std::sync::atomic::AtomicU32>,
     /// set by the ablation profile: launches are dropped while it holds
     skip: std::sync::atomic::AtomicBool,
     pub name: String,
@@ -181,6 +184,7 @@ impl Gpu {
             ctx,
             stream,
             blas,
+            smem_allowed: (0..KERNELS.len()).map(|_| Default::default()).collect(),
             funcs,
             skip: Default::default(),
             name,
@@ -331,13 +335,15 @@ impl Gpu {
             .map(|v| v.as_mut_ptr() as *mut c_void)
             .collect();
         self.ctx.bind_to_thread()?;
-        if smem > 48 << 10 {
+        let allowed = &self.smem_allowed[kernel as usize];
+        if smem > 48 << 10 && smem > allowed.load(std::sync::atomic::Ordering::Relaxed) {
             // past 48 KiB a kernel's dynamic shared memory must be asked for
             f.set_attribute(
                 drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 smem as i32,
             )
             .map_err(|e| anyhow!("{name}: {smem} bytes of shared memory: {e:?}"))?;
+            allowed.store(smem, std::sync::atomic::Ordering::Relaxed);
         }
         if *pdl {
             return self.launch_pdl(name, f, grid, block, smem, &mut params);
