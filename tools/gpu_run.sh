@@ -10,6 +10,10 @@
 #                                      interleaved, the logits of both compared); then `e2e`
 #   tools/gpu_run.sh prefill        -> prefill at 512..32k with each prompt's last chunk profiled
 #                                      (the prefill roofline, tools/roofline.py)
+#   tools/gpu_run.sh prefill-accept -> issue 34's Lily figures in one call: every GPU test, prefill at
+#                                      512..32k profiled, a 131,072-token prompt, the time to first
+#                                      token of a ~24k-token prompt through lily serve, decode at 4k/32k
+#                                      (with .carry/old: its decode in the same run)
 #   tools/gpu_run.sh side           -> Lily beside transformers + fla on the same weights, the decode
 #                                      roofline at 4k, 131k decode, the full-head rows
 #   tools/gpu_run.sh variants       -> decode at 4k/32k of this bundle and every .carry/variants/*, interleaved
@@ -180,6 +184,24 @@ prefill)
   fi
   [ -s "$out/prefill.json" ] && python3 tools/roofline.py "$out/prefill.json" > "$out/prefill-roofline.md" \
     && note "$(cat "$out/prefill-roofline.md")"
+  ;;
+prefill-accept)
+  note "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader)"
+  gpu_tests "$carry" new
+  bench prefill "$lily" --prompt-len 512,4096,16384,32768 --context 64 --gen 16 --runs 2 --profile
+  [ -s "$out/prefill.json" ] && python3 tools/roofline.py "$out/prefill.json" > "$out/prefill-roofline.md"
+  bench prefill-131k "$lily" --max-seq 131200 --prompt-len 131072 --context 64 --gen 4 --runs 1
+  if timeout 400 python3 tools/serve_ttft.py --lily "$lily" --tokens 24000 --out "$out/serve-ttft.json" \
+      -- --device cuda --synthetic full --max-seq 32768 > "$logs/serve-ttft.log" 2>&1; then
+    note "serve: $(python3 -c "import json; r=json.load(open('$out/serve-ttft.json')); print('prompt tokens', r['prompt_tokens'], 'ttft s', [round(x['ttft_s'], 3) for x in r['runs']])")"
+  else
+    note "serve ttft FAILED: $(tail -3 "$logs/serve-ttft.log" | tr '\n' ' ')"
+  fi
+  bench decode "$lily" --prompt-len 64 --context 4096,32768 --gen 128 --runs 3
+  if [ -f "$carry/old/bundle.tar.xz" ]; then
+    unpack "$carry/old"
+    bench decode-old "$carry/old/lily" --prompt-len 64 --context 4096,32768 --gen 128 --runs 3
+  fi
   ;;
 side)
   # Lily and transformers + fla on the same random weights, in this run

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Time to first token through `lily serve`, as a client sees it.
+
+Starts `LILY serve ARGS...` on a free port, waits for /health, then sends
+streamed /v1/completions requests whose prompts are about --tokens tokens of
+varied text (each request a different prompt, so nothing can be reused), and
+times each from sending the request to the first streamed token. Prints one
+JSON object: the prompt tokens the server counted (usage), each request's
+time to first token and total time, and the median.
+
+usage: serve_ttft.py --lily PATH --tokens 24000 [--requests 3] [--out FILE] -- serve args...
+  e.g. serve_ttft.py --lily .carry/lily --tokens 24000 -- --device cuda --synthetic full --max-seq 32768
+"""
+import argparse
+import json
+import random
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def prompt(n_words: int, seed: int) -> str:
+    rng = random.Random(seed)
+    words = ["river", "compile", "kernel", "lantern", "orbit", "matrix", "harbor", "signal", "pepper", "quartz",
+             "tensor", "meadow", "cache", "violet", "engine", "summit", "copper", "thread", "glacier", "token"]
+    return " ".join(rng.choice(words) + (str(rng.randrange(100)) if rng.random() < 0.3 else "") for _ in range(n_words))
+
+
+def request(port: int, text: str) -> dict:
+    body = json.dumps({"prompt": text, "max_tokens": 8, "stream": True, "temperature": 0,
+                       "stream_options": {"include_usage": True}}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    first, usage = None, None
+    with urllib.request.urlopen(req, timeout=600) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            ev = json.loads(line[5:])
+            if first is None and ev.get("choices") and ev["choices"][0].get("text"):
+                first = time.perf_counter() - t0
+            if ev.get("usage"):
+                usage = ev["usage"]
+    return {"ttft_s": first, "total_s": time.perf_counter() - t0, "usage": usage}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lily", required=True)
+    ap.add_argument("--tokens", type=int, default=24000, help="about this many prompt tokens")
+    ap.add_argument("--requests", type=int, default=3)
+    ap.add_argument("--out")
+    ap.add_argument("serve", nargs=argparse.REMAINDER)
+    a = ap.parse_args()
+    serve = [x for x in a.serve if x != "--"]
+    port = free_port()
+    proc = subprocess.Popen([a.lily, "serve", "--port", str(port), *serve], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while True:
+            if proc.poll() is not None:
+                sys.exit(f"lily serve exited: {proc.stderr.read()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                sys.exit("lily serve did not become healthy in 300 s")
+            time.sleep(1)
+        # a short warm-up request, then the timed ones (about 1.2 tokens a word with the Qwen vocabulary)
+        request(port, prompt(50, 0))
+        runs = [request(port, prompt(int(a.tokens / 1.2), 1 + i)) for i in range(a.requests)]
+        ttfts = sorted(r["ttft_s"] for r in runs)
+        res = {"prompt_tokens": [r["usage"]["prompt_tokens"] if r["usage"] else None for r in runs],
+               "runs": runs, "median_ttft_s": ttfts[len(ttfts) // 2]}
+        print(json.dumps(res))
+        if a.out:
+            json.dump(res, open(a.out, "w"), indent=1)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+if __name__ == "__main__":
+    main()
