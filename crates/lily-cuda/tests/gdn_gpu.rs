@@ -10,13 +10,13 @@
 //! cores with bf16 operands and f32 accumulation, as fla's chunk kernels do:
 //! the normalised q and k, T = (I + A)^-1, the right-hand sides, U, W, the
 //! decayed q and k, P, the state and v' are each rounded to bf16 (2^-9
-//! relative) before a product. A host emulation of exactly these roundings
-//! against an f64 recurrence, on this file's input distribution, gave at most
-//! 3.8e-3 relative L2 for o and 3.1e-3 for the final state (levelling off by
-//! T ~ 300: decays <= 1 forget older roundings), 4.5e-3 with decays near 1;
-//! the all-f32 emulation 8e-7. Mistakes it tried (a wrong decay, a dropped
-//! beta, a shifted cumulative sum, a head mapping, P without its diagonal)
-//! move o or S by 4e-2 to 1. Hence 1.2e-2 and 1e-2, about 3x the noise.
+//! relative) before a product. `tools/gdn_bf16_noise.py` emulates exactly
+//! these roundings against an f64 recurrence on this file's input
+//! distribution: at most 4.5e-3 relative L2 for o and 3.9e-3 for the final
+//! state (levelling off by T ~ 300: decays <= 1 forget older roundings); the
+//! all-f32 emulation 3e-7. Most mistakes it tries (a wrong decay, a dropped
+//! beta, a head mapping, P without its diagonal) move o or S by 1.5e-2 to 1 at
+//! T >= 65. Hence 1.4e-2 and 1.2e-2, about 3x the noise.
 //! With decays of 0.5..0.999 a 64-token chunk forgets the carried state
 //! (~e^-19), so `chunked_slow_decay_carries_the_state` also runs decays of
 //! 0.995 with 0.5 on each chunk's last token, where decaying S by the wrong
@@ -53,10 +53,10 @@ const DIMS: GdnDims = GdnDims {
     dk: DK,
     dv: DV,
 };
-/// bf16 operands, f32 sums: <= 3.8e-3 emulated, mistakes 4e-2 and up.
-const TOL_O: f64 = 1.2e-2;
-/// The final state: <= 3.1e-3 emulated (4.5e-3 with slow decays).
-const TOL_S: f64 = 1e-2;
+/// bf16 operands, f32 sums: <= 4.5e-3 emulated (tools/gdn_bf16_noise.py).
+const TOL_O: f64 = 1.4e-2;
+/// The final state: <= 3.9e-3 emulated.
+const TOL_S: f64 = 1.2e-2;
 /// Not a degenerate test: the reference's largest |o| is at least this.
 const MIN_O: f32 = 0.01;
 /// Outputs of a different initial state differ by at least this (the negative tests).
