@@ -9,7 +9,7 @@ use lily_model::weights::{Ffn, MixerWeights};
 use lily_model::{Config, Mat, Weights};
 
 use crate::gpu::{DevBuf, Gpu};
-use crate::kernels::attention::Heads;
+use crate::kernels::attention::{attention_prefill_check, Heads};
 use crate::kernels::gdn::gdn_decode_check;
 use crate::kernels::gdn_chunked::{gdn_chunked_check, GDN_DK};
 use crate::kernels::moe::MoeDims;
@@ -206,6 +206,7 @@ pub fn check_geometry(cfg: &Config) -> Result<()> {
         dh: cfg.head_dim,
     };
     heads.check("the CUDA attention kernels")?;
+    attention_prefill_check(heads)?;
     if cfg.rotary_dim > cfg.head_dim || !cfg.rotary_dim.is_multiple_of(2) {
         bail!(
             "the CUDA RoPE needs an even rotary_dim <= head_dim, got {} of {}",

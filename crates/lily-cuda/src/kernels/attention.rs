@@ -154,6 +154,19 @@ const PREFILL_ROWS: usize = 64;
 const PREFILL_THREADS: u32 = 128;
 pub const PREFILL_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 
+/// The heads the prefill kernel takes: `Heads::check`'s, with head dim 64,
+/// 128 or 256.
+pub fn attention_prefill_check(heads: Heads) -> Result<()> {
+    heads.check("attention")?;
+    if !PREFILL_HEAD_DIMS.contains(&heads.dh) {
+        bail!(
+            "attention: the prefill kernel takes head dims {PREFILL_HEAD_DIMS:?}, got {}",
+            heads.dh
+        );
+    }
+    Ok(())
+}
+
 /// Causal gated attention of `t` queries over the cache on the tensor cores
 /// (`attention_prefill_kernel`, flash attention): query i at position pos + i
 /// attends to cache rows 0 ..= pos + i, the rows of earlier chunks included.
@@ -166,11 +179,8 @@ pub fn attention(
     gated: bool,
     t: usize,
 ) -> Result<()> {
-    heads.check("attention")?;
+    attention_prefill_check(heads)?;
     let Heads { hq, hkv, dh } = heads;
-    if !PREFILL_HEAD_DIMS.contains(&dh) {
-        bail!("attention: the prefill kernel takes head dims {PREFILL_HEAD_DIMS:?}, got {dh}");
-    }
     if t == 0 || t > i32::MAX as usize {
         bail!("attention: {t} queries");
     }
