@@ -12,7 +12,8 @@
 #                                      (the prefill roofline, tools/roofline.py)
 #   tools/gpu_run.sh prefill-accept -> issue 34's Lily figures in one call: every GPU test, prefill at
 #                                      512..32k profiled, a 131,072-token prompt, the time to first
-#                                      token of a ~24k-token prompt through lily serve, decode at 4k/32k
+#                                      token of a ~24k-token prompt through lily serve, chunks of 8k and
+#                                      16k, decode at 4k/32k
 #                                      (with .carry/old: its decode in the same run)
 #   tools/gpu_run.sh side           -> Lily beside transformers + fla on the same weights, the decode
 #                                      roofline at 4k, 131k decode, the full-head rows
@@ -191,6 +192,10 @@ prefill-accept)
   bench prefill "$lily" --prompt-len 512,4096,16384,32768 --context 64 --gen 16 --runs 2 --profile
   [ -s "$out/prefill.json" ] && python3 tools/roofline.py "$out/prefill.json" > "$out/prefill-roofline.md"
   bench prefill-131k "$lily" --max-seq 131200 --prompt-len 131072 --context 64 --gen 4 --runs 1
+  # the chunk size: larger chunks read the expert weights fewer times per prompt
+  for c in 8192 16384; do
+    bench "prefill-chunk$c" "$lily" --prefill-chunk $c --prompt-len 16384,32768 --context 64 --gen 4 --runs 2
+  done
   if timeout 400 python3 tools/serve_ttft.py --lily "$lily" --tokens 24000 --out "$out/serve-ttft.json" \
       -- --device cuda --synthetic full --max-seq 32768 > "$logs/serve-ttft.log" 2>&1; then
     note "serve: $(python3 -c "import json; r=json.load(open('$out/serve-ttft.json')); print('prompt tokens', r['prompt_tokens'], 'ttft s', [round(x['ttft_s'], 3) for x in r['runs']])")"
