@@ -190,7 +190,8 @@ prefill-accept)
   note "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader)"
   gpu_tests "$carry" new
   bench prefill "$lily" --prompt-len 512,4096,16384,32768 --context 64 --gen 16 --runs 2 --profile
-  [ -s "$out/prefill.json" ] && python3 tools/roofline.py "$out/prefill.json" > "$out/prefill-roofline.md"
+  # (the table from prefill.json again here: tools/roofline.py; $OUT keeps its 8 files for JSON)
+  [ -s "$out/prefill.json" ] && note "$(python3 tools/roofline.py "$out/prefill.json")"
   bench prefill-131k "$lily" --max-seq 131200 --prompt-len 131072 --context 64 --gen 4 --runs 1
   # the chunk size: larger chunks read the expert weights fewer times per prompt
   for c in 8192 16384; do
