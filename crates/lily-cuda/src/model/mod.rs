@@ -488,14 +488,20 @@ impl CudaModel {
         self.check(st, tokens)?;
         for chunk in tokens.chunks(self.opts.prefill_chunk) {
             let n = chunk.len();
-            let ids: Vec<i32> = chunk.iter().map(|&x| x as i32).collect();
-            self.gpu.upload(self.s.ids.ptr, &ids)?;
-            self.set_pos(st.pos)?;
+            self.stage_chunk(st, chunk)?;
             self.layers(st, n, self.s.ids.ptr)?;
             st.pos += n;
             after(n)?;
         }
         Ok(())
+    }
+
+    /// Upload a prefill chunk's ids to `s.ids` and the state's position to
+    /// `s.pos`, where its `layers` launches read them.
+    pub(super) fn stage_chunk(&self, st: &CudaState, chunk: &[u32]) -> Result<()> {
+        let ids: Vec<i32> = chunk.iter().map(|&x| x as i32).collect();
+        self.gpu.upload(self.s.ids.ptr, &ids)?;
+        self.set_pos(st.pos)
     }
 
     /// Feed tokens; returns the logits of every position when `all`, else of

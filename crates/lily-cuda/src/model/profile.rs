@@ -123,9 +123,7 @@ impl CudaModel {
         let last = (tokens.len() - 1) / chunk * chunk;
         self.run_chunks(st, &tokens[..last], &mut |_| Ok(()))?;
         let (pos, n) = (st.pos, tokens.len() - last);
-        let ids: Vec<i32> = tokens[last..].iter().map(|&x| x as i32).collect();
-        self.gpu.upload(self.s.ids.ptr, &ids)?;
-        self.set_pos(pos)?;
+        self.stage_chunk(st, &tokens[last..])?;
         self.gpu.sync()?;
         self.prof.begin(16 * self.cfg.layer_kinds.len() + 8)?;
         let r = self
