@@ -5,4 +5,5 @@
 pub mod assets;
 pub mod generate;
 pub mod parse;
+pub mod prompt_cache;
 pub mod sampling;
