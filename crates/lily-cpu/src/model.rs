@@ -173,6 +173,28 @@ impl Forward for CpuModel {
     fn position(&self, state: &State) -> usize {
         state.pos
     }
+
+    /// The CPU's snapshot is a copy of the state: its KV caches hold exactly
+    /// the rows of its position, its GDN states are fixed-size.
+    type Snapshot = State;
+    fn snapshot(&self, state: &State) -> Result<State> {
+        Ok(state.clone())
+    }
+    fn restore(&self, snap: &State, state: &mut State) -> Result<()> {
+        state.clone_from(snap);
+        Ok(())
+    }
+    fn snapshot_bytes(&self, snap: &State) -> usize {
+        let floats: usize = snap
+            .layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Attention(kv) => kv.k.len() + kv.v.len(),
+                LayerState::Gdn(g) => g.conv.len() + g.s.len(),
+            })
+            .sum();
+        floats * 4
+    }
 }
 
 fn add_round(x: &mut [f32], y: &[f32], r: DType) {

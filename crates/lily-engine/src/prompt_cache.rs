@@ -107,7 +107,10 @@ impl<S> PrefixIndex<S> {
             if depth > 0 && self.node(at).entry.is_some() {
                 best = Some((at, depth));
             }
-            let Some(&next) = tokens.get(depth).and_then(|t| self.node(at).children.get(t)) else {
+            let Some(&next) = tokens
+                .get(depth)
+                .and_then(|t| self.node(at).children.get(t))
+            else {
                 break;
             };
             let edge = &self.node(next).edge;
@@ -153,7 +156,9 @@ impl<S> PrefixIndex<S> {
         }
         self.stats.bytes += bytes;
         while self.stats.bytes > self.budget {
-            let victim = self.least_recent(node).expect("over budget with no other entry");
+            let victim = self
+                .least_recent(node)
+                .expect("over budget with no other entry");
             self.remove_entry(victim);
             self.stats.evictions += 1;
         }
@@ -308,7 +313,10 @@ mod tests {
         let h = c.lookup(&turn3, turn3.len() - 1).unwrap();
         assert_eq!((h.len, *h.snapshot), (80, "after turn 2"));
         let s = c.stats();
-        assert_eq!((s.hits, s.misses, s.hit_tokens, s.entries, s.bytes), (2, 1, 130, 2, 20));
+        assert_eq!(
+            (s.hits, s.misses, s.hit_tokens, s.entries, s.bytes),
+            (2, 1, 130, 2, 20)
+        );
     }
 
     #[test]

@@ -23,4 +23,15 @@ pub trait Forward {
     fn decode(&self, token: u32, state: &mut Self::State) -> Result<Vec<f32>>;
     /// Tokens `state` holds.
     fn position(&self, state: &Self::State) -> usize;
+
+    /// A saved copy of what a state holds (its position, KV rows and
+    /// recurrent states), for the prompt cache: a state `restore`d from it
+    /// continues exactly as the saved one would have.
+    type Snapshot;
+    /// Save what `state` holds.
+    fn snapshot(&self, state: &Self::State) -> Result<Self::Snapshot>;
+    /// Make `state` hold what `snap` saved, whatever it held before.
+    fn restore(&self, snap: &Self::Snapshot, state: &mut Self::State) -> Result<()>;
+    /// Bytes `snap` takes (the cache's budget counts these).
+    fn snapshot_bytes(&self, snap: &Self::Snapshot) -> usize;
 }
