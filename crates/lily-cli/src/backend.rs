@@ -6,10 +6,10 @@
 use anyhow::{bail, Context, Result};
 use lily_cpu::CpuModel;
 use lily_cuda::kernels::sampling::{uniform_f32, GpuSampleParams};
-use lily_cuda::{CudaModel, CudaOptions, CudaState, GpuOptions};
+use lily_cuda::{CudaModel, CudaOptions, CudaSnapshot, CudaState, GpuOptions};
 use lily_engine::generate::{decode_pick_each, Model};
 use lily_engine::sampling::Sampler;
-use lily_model::{Config, Weights};
+use lily_model::{Config, Forward, Weights};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Device {
@@ -68,6 +68,11 @@ pub enum BackendState {
     Cuda(CudaState),
 }
 
+pub enum BackendSnapshot {
+    Cpu(lily_cpu::State),
+    Cuda(CudaSnapshot),
+}
+
 impl Backend {
     /// Build the model on `o.device`. `verbose` prints the memory estimate
     /// and upload progress of the CUDA backend to stderr.
@@ -105,6 +110,16 @@ impl Backend {
             Backend::Cpu(m) => &m.cfg,
             Backend::Cuda(m) => &m.cfg,
         }
+    }
+
+    /// The prompt cache's default budget in MiB: on CUDA, what the device
+    /// has to spare (`CudaModel::prompt_cache_default`); 2 GiB of host
+    /// memory on the CPU.
+    pub fn prompt_cache_default_mib(&self) -> Result<usize> {
+        Ok(match self {
+            Backend::Cpu(_) => 2048,
+            Backend::Cuda(m) => m.prompt_cache_default()? >> 20,
+        })
     }
 
     pub fn device_name(&self) -> String {
@@ -181,6 +196,45 @@ impl Model for Backend {
         match st {
             BackendState::Cpu(s) => s.pos,
             BackendState::Cuda(s) => s.pos,
+        }
+    }
+
+    fn reset(&self, st: &mut BackendState) -> Result<()> {
+        match (self, st) {
+            (Backend::Cpu(m), BackendState::Cpu(s)) => Forward::reset(m, s),
+            (Backend::Cuda(m), BackendState::Cuda(s)) => m.reset(s),
+            _ => bail!("state belongs to another backend"),
+        }
+    }
+
+    type Snapshot = BackendSnapshot;
+
+    fn snapshot(&self, st: &BackendState) -> Result<BackendSnapshot> {
+        Ok(match (self, st) {
+            (Backend::Cpu(m), BackendState::Cpu(s)) => {
+                BackendSnapshot::Cpu(Forward::snapshot(m, s)?)
+            }
+            (Backend::Cuda(m), BackendState::Cuda(s)) => BackendSnapshot::Cuda(m.snapshot(s)?),
+            _ => bail!("state belongs to another backend"),
+        })
+    }
+
+    fn restore(&self, snap: &BackendSnapshot, st: &mut BackendState) -> Result<()> {
+        match (self, snap, st) {
+            (Backend::Cpu(m), BackendSnapshot::Cpu(n), BackendState::Cpu(s)) => {
+                Forward::restore(m, n, s)
+            }
+            (Backend::Cuda(m), BackendSnapshot::Cuda(n), BackendState::Cuda(s)) => m.restore(n, s),
+            _ => bail!("snapshot or state belongs to another backend"),
+        }
+    }
+
+    fn snapshot_bytes(&self, snap: &BackendSnapshot) -> usize {
+        match (self, snap) {
+            (Backend::Cpu(m), BackendSnapshot::Cpu(n)) => Forward::snapshot_bytes(m, n),
+            (_, BackendSnapshot::Cuda(n)) => n.bytes(),
+            // a CPU snapshot exists only beside a CPU model
+            (Backend::Cuda(_), BackendSnapshot::Cpu(_)) => 0,
         }
     }
 

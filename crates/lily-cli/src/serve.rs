@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use clap::Args;
+use lily_engine::sequences::CacheOptions;
 use lily_model::ModelSource;
 use lily_server::ServerConfig;
 
@@ -54,6 +55,10 @@ pub struct ServeArgs {
     /// Largest request body, in MiB
     #[arg(long, default_value_t = 32)]
     pub max_body_mib: usize,
+    /// Memory the prompt cache may hold, in MiB (0 turns it off) [default:
+    /// on a GPU, half of the device memory left free, at most 16 GiB; 2 GiB of host memory on the CPU]
+    #[arg(long)]
+    pub prompt_cache_mib: Option<usize>,
     /// TEST ONLY: honour the request fields `lily_test_script` (force the output text) and
     /// `lily_test_delay_ms` (a slow model), used by the client tests in tests/server
     #[arg(long, hide = true)]
@@ -102,6 +107,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
             prefill_chunk: a.prefill_chunk,
         },
     )?;
+    let cache_mib = match a.prompt_cache_mib {
+        Some(m) => m,
+        None => r.model.prompt_cache_default_mib()?,
+    };
+    eprintln!("lily serve: prompt cache of {cache_mib} MiB");
     let cfg = ServerConfig {
         host: a.host.clone(),
         port: a.port,
@@ -114,6 +124,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         test_hooks: a.test_hooks,
         shutdown_timeout: Duration::from_secs(a.shutdown_timeout),
         max_body_bytes: a.max_body_mib.max(1) << 20,
+        prompt_cache: CacheOptions::mib(cache_mib),
     };
     if a.test_hooks {
         eprintln!("lily serve: TEST HOOKS ON (requests may force the output); never use this in production");

@@ -173,6 +173,10 @@ impl Forward for CpuModel {
     fn position(&self, state: &State) -> usize {
         state.pos
     }
+    fn reset(&self, state: &mut State) -> Result<()> {
+        *state = CpuModel::new_state(self);
+        Ok(())
+    }
 
     /// The CPU's snapshot is a copy of the state: its KV caches hold exactly
     /// the rows of its position, its GDN states are fixed-size.

@@ -263,6 +263,17 @@ impl Gpu {
         Ok(v)
     }
 
+    /// Copy `bytes` bytes from `src` to `dst` on the device, in stream order.
+    pub fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread()?;
+        // SAFETY: both hold `bytes` bytes (checked by callers) and do not overlap.
+        unsafe { drv::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }?;
+        Ok(())
+    }
+
     pub fn zero(&self, dst: u64, bytes: usize) -> Result<()> {
         // SAFETY: dst holds `bytes` bytes.
         unsafe { drv::memset_d8_async(dst, 0, bytes, self.stream.cu_stream()) }?;

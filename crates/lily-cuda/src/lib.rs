@@ -11,4 +11,4 @@ pub mod trace;
 pub mod weights;
 
 pub use gpu::GpuOptions;
-pub use model::{CudaModel, CudaOptions, CudaState, GreedyHead};
+pub use model::{CudaModel, CudaOptions, CudaSnapshot, CudaState, GreedyHead};

@@ -9,6 +9,7 @@ use lily_model::tokenizer::{StreamDecoder, Tokenizer};
 use lily_model::Forward;
 
 use crate::sampling::{Sampler, SamplingParams};
+use crate::sequences::{Begun, CacheOptions, Sequences};
 
 /// What the engine needs from a backend. One sequence's state is an opaque
 /// value owned by the caller, so a scheduler can hold many.
@@ -35,6 +36,18 @@ pub trait Model {
     fn decode(&self, token: u32, state: &mut Self::State) -> Result<Vec<f32>>;
     /// Tokens the state holds.
     fn position(&self, state: &Self::State) -> usize;
+    /// Make `state` an empty sequence again, keeping its memory.
+    fn reset(&self, state: &mut Self::State) -> Result<()>;
+
+    /// A saved copy of what a state holds, for the prompt cache
+    /// ([`crate::sequences::Sequences`]).
+    type Snapshot;
+    /// Save what `state` holds.
+    fn snapshot(&self, state: &Self::State) -> Result<Self::Snapshot>;
+    /// Make `state` hold what `snap` saved, whatever it held before.
+    fn restore(&self, snap: &Self::Snapshot, state: &mut Self::State) -> Result<()>;
+    /// Bytes `snap` takes.
+    fn snapshot_bytes(&self, snap: &Self::Snapshot) -> usize;
 
     /// [`Model::prefill`], then the next token as `sampler.sample` would
     /// choose it from the logits of the last one (taking
@@ -95,6 +108,19 @@ impl<F: Forward> Model for F {
     fn position(&self, state: &F::State) -> usize {
         Forward::position(self, state)
     }
+    fn reset(&self, state: &mut F::State) -> Result<()> {
+        Forward::reset(self, state)
+    }
+    type Snapshot = F::Snapshot;
+    fn snapshot(&self, state: &F::State) -> Result<F::Snapshot> {
+        Forward::snapshot(self, state)
+    }
+    fn restore(&self, snap: &F::Snapshot, state: &mut F::State) -> Result<()> {
+        Forward::restore(self, snap, state)
+    }
+    fn snapshot_bytes(&self, snap: &F::Snapshot) -> usize {
+        Forward::snapshot_bytes(self, snap)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -131,6 +157,8 @@ impl FinishReason {
 #[derive(Clone, Debug, Default)]
 pub struct Stats {
     pub prompt_tokens: usize,
+    /// leading prompt tokens restored from the prompt cache, not prefilled
+    pub cached_tokens: usize,
     pub generated_tokens: usize,
     pub prefill: Duration,
     pub ttft: Duration,
@@ -138,8 +166,9 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// Tokens prefilled (those restored from the cache not counted) per second.
     pub fn prefill_tok_s(&self) -> f64 {
-        self.prompt_tokens as f64 / self.prefill.as_secs_f64().max(1e-9)
+        (self.prompt_tokens - self.cached_tokens) as f64 / self.prefill.as_secs_f64().max(1e-9)
     }
     /// Tokens after the first over the time spent decoding them.
     pub fn decode_tok_s(&self) -> f64 {
@@ -230,14 +259,16 @@ pub fn decode_pick_each<M: Model + ?Sized>(
 /// Run one request. `on_text` receives each new piece of text as soon as it
 /// is certain; returning `false` cancels the generation at the next token.
 /// Tokens are chosen where the backend can (on the GPU, only the id comes
-/// back) unless penalties need the logits on the host.
+/// back) unless penalties need the logits on the host. Nothing is kept for
+/// a later request (see [`Sequences::generate`]).
 pub fn generate<M: Model>(
     model: &M,
     tok: &Tokenizer,
     req: &GenerateRequest,
     on_text: &mut dyn FnMut(&str) -> bool,
 ) -> Result<Generation> {
-    run(model, tok, req, OnToken::Id(&mut |_| true), on_text)
+    let mut seqs = Sequences::new(CacheOptions::off());
+    seqs.generate(model, tok, req, &[], OnToken::Id(&mut |_| true), on_text)
 }
 
 /// [`generate`] with a per-token observer that needs no logits: `on_token(id)`
@@ -251,7 +282,8 @@ pub fn generate_tokens<M: Model>(
     on_token: &mut dyn FnMut(u32) -> bool,
     on_text: &mut dyn FnMut(&str) -> bool,
 ) -> Result<Generation> {
-    run(model, tok, req, OnToken::Id(on_token), on_text)
+    let mut seqs = Sequences::new(CacheOptions::off());
+    seqs.generate(model, tok, req, &[], OnToken::Id(on_token), on_text)
 }
 
 /// [`generate`] with a per-token observer: `on_token(id, logits)` sees each
@@ -267,20 +299,44 @@ pub fn generate_observed<M: Model>(
     on_token: &mut dyn FnMut(u32, &[f32]) -> bool,
     on_text: &mut dyn FnMut(&str) -> bool,
 ) -> Result<Generation> {
-    run(model, tok, req, OnToken::WithLogits(on_token), on_text)
+    let mut seqs = Sequences::new(CacheOptions::off());
+    seqs.generate(model, tok, req, &[], OnToken::WithLogits(on_token), on_text)
 }
 
 /// Who sees each generated token: with its logits (host logits every step),
-/// or the id alone (the backend may choose on the device).
-enum OnToken<'a> {
+/// or the id alone (the backend may choose on the device). Either may cancel
+/// the generation there by returning `false`; that token is then not part of
+/// the output.
+pub enum OnToken<'a> {
     Id(&'a mut dyn FnMut(u32) -> bool),
     WithLogits(&'a mut dyn FnMut(u32, &[f32]) -> bool),
 }
 
+impl<St, Sn> Sequences<St, Sn> {
+    /// Run one request, resuming from the longest cached prefix of its
+    /// prompt and saving snapshots for later ones (at the end of the prompt,
+    /// at `marks` inside it, see [`crate::sequences`], and at the end of the
+    /// generation); the state is kept for the next request.
+    pub fn generate<M: Model<State = St, Snapshot = Sn>>(
+        &mut self,
+        model: &M,
+        tok: &Tokenizer,
+        req: &GenerateRequest,
+        marks: &[usize],
+        on_token: OnToken<'_>,
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<Generation> {
+        run(model, self, tok, req, marks, on_token, on_text)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn run<M: Model>(
     model: &M,
+    seqs: &mut Sequences<M::State, M::Snapshot>,
     tok: &Tokenizer,
     req: &GenerateRequest,
+    marks: &[usize],
     mut on_token: OnToken<'_>,
     on_text: &mut dyn FnMut(&str) -> bool,
 ) -> Result<Generation> {
@@ -289,20 +345,30 @@ fn run<M: Model>(
     }
     req.sampling.validate()?;
     let t0 = Instant::now();
-    let mut state = model.new_state()?;
-    let mut sampler = Sampler::new(req.sampling.clone(), tok.len(), &req.prompt);
+    let prompt = &req.prompt[..];
+    let Begun { mut state, cached } = seqs.begin(model, prompt)?;
+    let mut sampler = Sampler::new(req.sampling.clone(), tok.len(), prompt);
+    // Prefill up to each snapshot point, saving there; the rest below.
+    let mut at = cached;
+    for p in seqs.points(cached, prompt.len(), marks) {
+        model.prefill(&prompt[at..p], &mut state)?;
+        seqs.save(model, &prompt[..p], &state);
+        at = p;
+    }
+    let rest = &prompt[at..];
     // Choose where the logits are, or bring them to the host and choose here.
     let pick = matches!(on_token, OnToken::Id(_)) && sampler.logits_only();
     let mut logits = Vec::new();
     // the token chosen by the backend (pick path)
     let mut chosen = None;
     if req.max_tokens == 0 {
-        model.prefill(&req.prompt, &mut state)?;
+        model.prefill(rest, &mut state)?;
     } else if pick {
-        chosen = Some(model.prefill_pick(&req.prompt, &mut state, &mut sampler)?);
+        chosen = Some(model.prefill_pick(rest, &mut state, &mut sampler)?);
     } else {
-        logits = model.prefill(&req.prompt, &mut state)?;
+        logits = model.prefill(rest, &mut state)?;
     }
+    seqs.save(model, prompt, &state);
     let prefill = t0.elapsed();
     let mut detok = StreamDecoder::new(true);
     let mut stops = StopMatcher::new(&req.stop_strings);
@@ -312,9 +378,13 @@ fn run<M: Model>(
     let mut finish = FinishReason::Length;
     let mut stop_string = false;
     let mut t_first = Instant::now();
+    // every choice in order, the stop id and a refused one included: the
+    // state was fed a prefix of these
+    let mut choices = Vec::new();
     // One chosen token through the stop ids, the observer, the detokenizer
     // and the stop strings; true: go on to the next one.
     let mut take = |next: u32, logits: &[f32], sampler: &mut Sampler| -> Result<bool> {
+        choices.push(next);
         if tokens.is_empty() {
             ttft = t0.elapsed();
             t_first = Instant::now();
@@ -379,7 +449,17 @@ fn run<M: Model>(
             on_text(&tail);
         }
     }
+    // The state holds the prompt and as many choices as it was fed (a
+    // backend may have fed one past the stop): save exactly that.
+    let fed = model.position(&state).saturating_sub(prompt.len());
+    if fed > 0 && fed <= choices.len() {
+        let mut held = prompt.to_vec();
+        held.extend_from_slice(&choices[..fed]);
+        seqs.save(model, &held, &state);
+    }
+    seqs.finish(state);
     let stats = Stats {
+        cached_tokens: cached,
         prompt_tokens: req.prompt.len(),
         generated_tokens: tokens.len(),
         prefill,

@@ -7,3 +7,4 @@ pub mod generate;
 pub mod parse;
 pub mod prompt_cache;
 pub mod sampling;
+pub mod sequences;

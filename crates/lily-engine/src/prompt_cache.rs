@@ -135,6 +135,35 @@ impl<S> PrefixIndex<S> {
         })
     }
 
+    /// Whether a snapshot of exactly `tokens` is held (marked as just used if so).
+    pub fn holds(&mut self, tokens: &[u32]) -> bool {
+        let (mut at, mut depth) = (0usize, 0usize);
+        while depth < tokens.len() {
+            let Some(&next) = self.node(at).children.get(&tokens[depth]) else {
+                return false;
+            };
+            let edge = &self.node(next).edge;
+            if tokens.len() - depth < edge.len() || tokens[depth..depth + edge.len()] != edge[..] {
+                return false;
+            }
+            depth += edge.len();
+            at = next;
+        }
+        let now = self.tick();
+        match self.node_mut(at).entry.as_mut() {
+            Some(e) if at != 0 => {
+                e.used = now;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The byte budget.
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+
     /// Save `snapshot` (taking `bytes`) as the state after `tokens`, replacing
     /// one saved there before; then evict the least recently used others
     /// while over the budget. A snapshot larger than the whole budget is not
@@ -317,6 +346,18 @@ mod tests {
             (s.hits, s.misses, s.hit_tokens, s.entries, s.bytes),
             (2, 1, 130, 2, 20)
         );
+    }
+
+    #[test]
+    fn holds_finds_exact_entries_only() {
+        let mut c = PrefixIndex::new(1 << 20);
+        let p = seq(1, 20);
+        c.insert(&p[..10], 1, 1);
+        assert!(c.holds(&p[..10]));
+        assert!(!c.holds(&p[..9]) && !c.holds(&p) && !c.holds(&[]));
+        c.insert(&p, 2, 1);
+        assert!(c.holds(&p));
+        assert_eq!(c.stats().hits + c.stats().misses, 0, "holds is no lookup");
     }
 
     #[test]

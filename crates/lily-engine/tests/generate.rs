@@ -24,7 +24,8 @@ impl Model for Scripted {
         Ok((0, 0))
     }
     fn prefill(&self, tokens: &[u32], st: &mut (usize, usize)) -> Result<Vec<f32>> {
-        *st = (tokens.len(), tokens.len());
+        let p = st.1 + tokens.len();
+        *st = (p, p);
         Ok(self.logits(0))
     }
     fn decode(&self, _t: u32, st: &mut (usize, usize)) -> Result<Vec<f32>> {
@@ -33,6 +34,21 @@ impl Model for Scripted {
     }
     fn position(&self, st: &(usize, usize)) -> usize {
         st.1
+    }
+    fn reset(&self, st: &mut (usize, usize)) -> Result<()> {
+        *st = (0, 0);
+        Ok(())
+    }
+    type Snapshot = (usize, usize);
+    fn snapshot(&self, st: &(usize, usize)) -> Result<(usize, usize)> {
+        Ok(*st)
+    }
+    fn restore(&self, snap: &(usize, usize), st: &mut (usize, usize)) -> Result<()> {
+        *st = *snap;
+        Ok(())
+    }
+    fn snapshot_bytes(&self, _: &(usize, usize)) -> usize {
+        16
     }
 }
 
@@ -215,13 +231,29 @@ impl Model for Chooser {
     fn position(&self, st: &(usize, usize)) -> usize {
         st.1
     }
+    fn reset(&self, st: &mut (usize, usize)) -> Result<()> {
+        *st = (0, 0);
+        Ok(())
+    }
+    type Snapshot = (usize, usize);
+    fn snapshot(&self, st: &(usize, usize)) -> Result<(usize, usize)> {
+        Ok(*st)
+    }
+    fn restore(&self, snap: &(usize, usize), st: &mut (usize, usize)) -> Result<()> {
+        *st = *snap;
+        Ok(())
+    }
+    fn snapshot_bytes(&self, _: &(usize, usize)) -> usize {
+        16
+    }
     fn prefill_pick(
         &self,
         tokens: &[u32],
         st: &mut (usize, usize),
         sampler: &mut Sampler,
     ) -> Result<u32> {
-        *st = (tokens.len(), tokens.len());
+        let p = st.1 + tokens.len();
+        *st = (p, p);
         Ok(self.choose(st, sampler))
     }
     fn decode_pick(&self, _t: u32, st: &mut (usize, usize), sampler: &mut Sampler) -> Result<u32> {
@@ -377,6 +409,19 @@ fn a_state_that_cannot_be_allocated_fails_the_request() {
             unreachable!()
         }
         fn position(&self, _: &()) -> usize {
+            0
+        }
+        fn reset(&self, _: &mut ()) -> Result<()> {
+            unreachable!()
+        }
+        type Snapshot = ();
+        fn snapshot(&self, _: &()) -> Result<()> {
+            unreachable!()
+        }
+        fn restore(&self, _: &(), _: &mut ()) -> Result<()> {
+            unreachable!()
+        }
+        fn snapshot_bytes(&self, _: &()) -> usize {
             0
         }
     }

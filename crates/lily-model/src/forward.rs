@@ -23,6 +23,8 @@ pub trait Forward {
     fn decode(&self, token: u32, state: &mut Self::State) -> Result<Vec<f32>>;
     /// Tokens `state` holds.
     fn position(&self, state: &Self::State) -> usize;
+    /// Make `state` an empty sequence again, keeping its memory.
+    fn reset(&self, state: &mut Self::State) -> Result<()>;
 
     /// A saved copy of what a state holds (its position, KV rows and
     /// recurrent states), for the prompt cache: a state `restore`d from it

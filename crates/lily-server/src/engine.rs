@@ -22,16 +22,15 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use lily_engine::assets::TextAssets;
-use lily_engine::generate::{
-    generate_observed, generate_tokens, FinishReason, GenerateRequest, Model,
-};
+use lily_engine::generate::{FinishReason, GenerateRequest, Model, OnToken};
 use lily_engine::parse::{Event, OutputParser, ToolCall};
 use lily_engine::sampling::SamplingParams;
+use lily_engine::sequences::{chat_marks, CacheOptions, Sequences};
 use serde_json::Value;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::metrics::Metrics;
-use crate::steer::{Steered, Steering};
+use crate::metrics::{CacheView, Metrics};
+use crate::steer::{SteerState, Steered, Steering};
 
 /// How the generated text is split.
 #[derive(Clone, Debug)]
@@ -95,6 +94,8 @@ pub enum JobEvent {
 pub struct Outcome {
     pub finish: FinishReason,
     pub prompt_tokens: usize,
+    /// leading prompt tokens the prompt cache restored
+    pub cached_tokens: usize,
     pub completion_tokens: usize,
     pub tool_calls: usize,
     pub logprobs: Vec<TokenLogprob>,
@@ -212,8 +213,16 @@ pub struct EngineShared {
     pub abort_all: AtomicBool,
 }
 
-/// The worker loop: runs until the queue is closed and empty.
-pub fn worker<M: Model>(model: &M, assets: &TextAssets, shared: &EngineShared) {
+/// The worker loop: runs until the queue is closed and empty. Its sequence
+/// state and prompt cache (`cache`) live as long as it does.
+pub fn worker<M: Model>(
+    model: &M,
+    assets: &TextAssets,
+    shared: &EngineShared,
+    cache: CacheOptions,
+) {
+    let mut seqs = Sequences::<SteerState<M::State>, M::Snapshot>::new(cache);
+    let im_start = assets.tokenizer.token_id("<|im_start|>");
     while let Some(job) = shared.queue.pop() {
         if job.cancel.load(Ordering::SeqCst) {
             shared.metrics.finished("cancelled");
@@ -228,8 +237,18 @@ pub fn worker<M: Model>(model: &M, assets: &TextAssets, shared: &EngineShared) {
             continue;
         }
         shared.metrics.running.fetch_add(1, Ordering::SeqCst);
-        let res =
-            std::panic::catch_unwind(AssertUnwindSafe(|| run_job(model, assets, &job, shared)));
+        let res = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            run_job(model, assets, &job, shared, &mut seqs, im_start)
+        }));
+        if res.is_err() {
+            // a panic may have left the state or a snapshot half written
+            seqs.drop_all();
+        }
+        *shared
+            .metrics
+            .cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = CacheView::of(&seqs);
         shared.metrics.running.fetch_sub(1, Ordering::SeqCst);
         shared.metrics.e2e.observe(job.received.elapsed());
         let failure = match res {
@@ -265,6 +284,8 @@ fn run_job<M: Model>(
     assets: &TextAssets,
     job: &Job,
     shared: &EngineShared,
+    seqs: &mut Sequences<SteerState<M::State>, M::Snapshot>,
+    im_start: Option<u32>,
 ) -> anyhow::Result<&'static str> {
     let tok = &assets.tokenizer;
     let req = GenerateRequest {
@@ -348,20 +369,29 @@ fn run_job<M: Model>(
         // A closed channel means nobody waits for the answer any more.
         send(pieces, &mut tool_calls) && !cancelled()
     };
+    // a chat prompt is saved at its message boundaries as well
+    let marks = match (&job.output, im_start) {
+        (OutputMode::Chat { .. }, Some(s)) => chat_marks(&job.prompt, s),
+        _ => Vec::new(),
+    };
     let g = if job.logprobs.is_some() {
-        generate_observed(
+        let mut f = |id: u32, l: &[f32]| on_token(id, Some(l));
+        seqs.generate(
             &steered,
             tok,
             &req,
-            &mut |id, l| on_token(id, Some(l)),
+            &marks,
+            OnToken::WithLogits(&mut f),
             &mut on_text,
         )?
     } else {
-        generate_tokens(
+        let mut f = |id: u32| on_token(id, None);
+        seqs.generate(
             &steered,
             tok,
             &req,
-            &mut |id| on_token(id, None),
+            &marks,
+            OnToken::Id(&mut f),
             &mut on_text,
         )?
     };
@@ -389,6 +419,7 @@ fn run_job<M: Model>(
     let _ = job.events.send(JobEvent::Done(Outcome {
         finish: g.finish,
         prompt_tokens: g.stats.prompt_tokens,
+        cached_tokens: g.stats.cached_tokens,
         completion_tokens: g.tokens.len(),
         tool_calls,
         logprobs: lp,

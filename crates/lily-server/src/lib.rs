@@ -25,6 +25,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use lily_engine::assets::TextAssets;
 use lily_engine::generate::Model;
+use lily_engine::sequences::CacheOptions;
 
 use crate::engine::{EngineShared, JobQueue, WorkerHandle};
 use crate::metrics::Metrics;
@@ -49,6 +50,8 @@ pub struct ServerConfig {
     /// On SIGINT/SIGTERM, how long running requests may go on before they are cancelled
     pub shutdown_timeout: Duration,
     pub max_body_bytes: usize,
+    /// The prompt cache's budget and snapshot interval
+    pub prompt_cache: CacheOptions,
 }
 
 /// Runs the server until SIGINT or SIGTERM. `make_model` runs on the engine
@@ -67,6 +70,7 @@ where
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<()>>();
     let thread = {
         let (assets, shared) = (assets.clone(), shared.clone());
+        let cfg_cache = cfg.prompt_cache;
         std::thread::Builder::new()
             .name("lily-engine".into())
             .spawn(move || {
@@ -78,7 +82,7 @@ where
                     }
                 };
                 let _ = ready_tx.send(Ok(()));
-                engine::worker(&model, &assets, &shared);
+                engine::worker(&model, &assets, &shared, cfg_cache);
             })?
     };
     let worker = WorkerHandle { thread };

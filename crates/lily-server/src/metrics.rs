@@ -7,6 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use lily_engine::prompt_cache::CacheStats;
+use lily_engine::sequences::Sequences;
+
 /// A cumulative histogram with fixed bucket bounds (seconds).
 pub struct Histogram {
     bounds: &'static [f64],
@@ -81,6 +84,27 @@ pub struct Metrics {
     pub ttft: Histogram,
     pub itl: Histogram,
     pub e2e: Histogram,
+    /// the prompt cache, as the worker last saw it
+    pub cache: Mutex<CacheView>,
+}
+
+/// The prompt cache's figures for `/metrics`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CacheView {
+    pub stats: CacheStats,
+    /// snapshots that could not be taken
+    pub failed: u64,
+    pub budget: usize,
+}
+
+impl CacheView {
+    pub fn of<St, Sn>(seqs: &Sequences<St, Sn>) -> CacheView {
+        CacheView {
+            stats: seqs.stats(),
+            failed: seqs.failed(),
+            budget: seqs.options().budget,
+        }
+    }
 }
 
 impl Default for Metrics {
@@ -95,6 +119,7 @@ impl Default for Metrics {
             ttft: Histogram::new(TTFT_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
+            cache: Mutex::new(CacheView::default()),
         }
     }
 }
@@ -183,6 +208,55 @@ impl Metrics {
             "Requests the engine is generating for.",
             self.running.load(Ordering::Relaxed),
         );
+        let c = *self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        for (name, help, v) in [
+            (
+                "lily_prompt_cache_hits_total",
+                "Prompts that resumed from a cached prefix.",
+                c.stats.hits,
+            ),
+            (
+                "lily_prompt_cache_misses_total",
+                "Prompts with no cached prefix.",
+                c.stats.misses,
+            ),
+            (
+                "lily_prompt_cache_hit_tokens_total",
+                "Prompt tokens restored from the cache instead of prefilled.",
+                c.stats.hit_tokens,
+            ),
+            (
+                "lily_prompt_cache_evictions_total",
+                "Snapshots dropped to stay under the budget.",
+                c.stats.evictions,
+            ),
+            (
+                "lily_prompt_cache_failures_total",
+                "Snapshots that could not be taken (each emptied the cache).",
+                c.failed,
+            ),
+        ] {
+            counter(&mut out, name, help, v);
+        }
+        for (name, help, v) in [
+            (
+                "lily_prompt_cache_bytes",
+                "Bytes the prompt cache's snapshots hold.",
+                c.stats.bytes,
+            ),
+            (
+                "lily_prompt_cache_entries",
+                "Snapshots the prompt cache holds.",
+                c.stats.entries,
+            ),
+            (
+                "lily_prompt_cache_budget_bytes",
+                "Most bytes the prompt cache may hold.",
+                c.budget,
+            ),
+        ] {
+            gauge(&mut out, name, help, v as u64);
+        }
         self.ttft.render(
             &mut out,
             "lily_time_to_first_token_seconds",

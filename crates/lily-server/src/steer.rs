@@ -136,6 +136,24 @@ impl<M: Model> Steered<'_, M> {
         }
     }
 
+    fn fresh(&self, inner: M::State) -> SteerState<M::State> {
+        SteerState {
+            inner,
+            generated: 0,
+            in_reasoning: self.plan.in_reasoning,
+            owed: self.plan.answer_prefix.is_some(),
+            queue: VecDeque::new(),
+        }
+    }
+
+    /// This plan's bookkeeping from its start, for a state that held another sequence.
+    fn restart(&self, st: &mut SteerState<M::State>) {
+        st.generated = 0;
+        st.in_reasoning = self.plan.in_reasoning;
+        st.owed = self.plan.answer_prefix.is_some();
+        st.queue.clear();
+    }
+
     fn start_answer(&self, st: &mut SteerState<M::State>) {
         if st.owed {
             if let Some(p) = &self.plan.answer_prefix {
@@ -171,13 +189,7 @@ impl<M: Model> Model for Steered<'_, M> {
     type State = SteerState<M::State>;
 
     fn new_state(&self) -> Result<Self::State> {
-        Ok(SteerState {
-            inner: self.inner.new_state()?,
-            generated: 0,
-            in_reasoning: self.plan.in_reasoning,
-            owed: self.plan.answer_prefix.is_some(),
-            queue: VecDeque::new(),
-        })
+        Ok(self.fresh(self.inner.new_state()?))
     }
 
     fn prefill(&self, tokens: &[u32], st: &mut Self::State) -> Result<Vec<f32>> {
@@ -198,6 +210,29 @@ impl<M: Model> Model for Steered<'_, M> {
 
     fn position(&self, st: &Self::State) -> usize {
         self.inner.position(&st.inner)
+    }
+
+    /// The plan's bookkeeping starts again with the sequence (a pooled state
+    /// comes from another request, with another plan).
+    fn reset(&self, st: &mut Self::State) -> Result<()> {
+        self.inner.reset(&mut st.inner)?;
+        self.restart(st);
+        Ok(())
+    }
+
+    /// Steering changes only which tokens are chosen, never how the model
+    /// computes, so the model's own snapshot is the whole of it.
+    type Snapshot = M::Snapshot;
+    fn snapshot(&self, st: &Self::State) -> Result<M::Snapshot> {
+        self.inner.snapshot(&st.inner)
+    }
+    fn restore(&self, snap: &M::Snapshot, st: &mut Self::State) -> Result<()> {
+        self.inner.restore(snap, &mut st.inner)?;
+        self.restart(st);
+        Ok(())
+    }
+    fn snapshot_bytes(&self, snap: &M::Snapshot) -> usize {
+        self.inner.snapshot_bytes(snap)
     }
 
     /// A free step (no bias, nothing banned) is the inner model's own choice,

@@ -11,6 +11,7 @@ use anyhow::{bail, Result};
 use lily_engine::assets::TextAssets;
 use lily_engine::generate::{generate, FinishReason, GenerateRequest, Model};
 use lily_engine::sampling::{GenerationConfig, Sampler, SamplingParams};
+use lily_engine::sequences::CacheOptions;
 use lily_model::chat_template::ChatTemplate;
 use lily_model::tokenizer::Tokenizer;
 use lily_server::engine::{
@@ -37,7 +38,8 @@ impl Model for Scripted {
         Ok((0, 0))
     }
     fn prefill(&self, tokens: &[u32], st: &mut (usize, usize)) -> Result<Vec<f32>> {
-        *st = (tokens.len(), tokens.len());
+        let p = st.1 + tokens.len();
+        *st = (p, p);
         Ok(self.logits(0))
     }
     fn decode(&self, _t: u32, st: &mut (usize, usize)) -> Result<Vec<f32>> {
@@ -55,6 +57,21 @@ impl Model for Scripted {
     }
     fn position(&self, st: &(usize, usize)) -> usize {
         st.1
+    }
+    fn reset(&self, st: &mut (usize, usize)) -> Result<()> {
+        *st = (0, 0);
+        Ok(())
+    }
+    type Snapshot = (usize, usize);
+    fn snapshot(&self, st: &(usize, usize)) -> Result<(usize, usize)> {
+        Ok(*st)
+    }
+    fn restore(&self, snap: &(usize, usize), st: &mut (usize, usize)) -> Result<()> {
+        *st = *snap;
+        Ok(())
+    }
+    fn snapshot_bytes(&self, _: &(usize, usize)) -> usize {
+        16
     }
 }
 
@@ -110,13 +127,14 @@ fn job(
     (j, rx, guard)
 }
 
-/// Runs the worker over the given jobs (the queue is closed first, so it ends).
+/// Runs the worker over the given jobs (the queue is closed first, so it
+/// ends), with a prompt cache.
 fn run<M: Model>(model: &M, sh: &Arc<EngineShared>, jobs: Vec<Job>) {
     for j in jobs {
         sh.queue.push(j).unwrap();
     }
     sh.queue.close();
-    worker(model, &assets(), sh);
+    worker(model, &assets(), sh, CacheOptions::mib(16));
 }
 
 fn drain(rx: &mut tokio::sync::mpsc::UnboundedReceiver<JobEvent>) -> Vec<JobEvent> {
@@ -529,13 +547,27 @@ impl Model for Chooser {
     fn position(&self, st: &(usize, usize)) -> usize {
         st.1
     }
+    fn reset(&self, st: &mut (usize, usize)) -> Result<()> {
+        self.host.reset(st)
+    }
+    type Snapshot = (usize, usize);
+    fn snapshot(&self, st: &(usize, usize)) -> Result<(usize, usize)> {
+        self.host.snapshot(st)
+    }
+    fn restore(&self, snap: &(usize, usize), st: &mut (usize, usize)) -> Result<()> {
+        self.host.restore(snap, st)
+    }
+    fn snapshot_bytes(&self, snap: &(usize, usize)) -> usize {
+        self.host.snapshot_bytes(snap)
+    }
     fn prefill_pick(
         &self,
         tokens: &[u32],
         st: &mut (usize, usize),
         _: &mut Sampler,
     ) -> Result<u32> {
-        *st = (tokens.len(), tokens.len());
+        let p = st.1 + tokens.len();
+        *st = (p, p);
         Ok(self.pick(st))
     }
     fn decode_pick(&self, _t: u32, st: &mut (usize, usize), _: &mut Sampler) -> Result<u32> {

@@ -14,6 +14,7 @@ mod decode;
 mod layers;
 mod moe_prefill;
 mod profile;
+mod snapshot;
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
@@ -23,6 +24,7 @@ use lily_model::{Config, LayerKind, Weights};
 use self::bytes::gib;
 pub use self::bytes::prefill_group_flops;
 use self::decode::StepGraph;
+pub use self::snapshot::CudaSnapshot;
 use crate::gpu::{DevBuf, Gpu};
 use crate::kernels::attention::{attention_decode_scratch_bytes, attention_decode_splits};
 use crate::kernels::gdn_chunked::gdn_chunked_scratch_bytes;
