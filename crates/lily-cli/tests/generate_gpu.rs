@@ -5,8 +5,9 @@
 
 use lily_cli::backend::{Backend, Device, LoadOptions};
 use lily_engine::generate::{
-    generate, generate_observed, FinishReason, GenerateRequest, Generation,
+    generate, generate_observed, FinishReason, GenerateRequest, Generation, OnToken,
 };
+use lily_engine::sequences::{chat_marks, CacheOptions, Sequences};
 use lily_engine::sampling::SamplingParams;
 use lily_model::tokenizer::Tokenizer;
 use lily_model::ModelSource;
@@ -173,4 +174,92 @@ fn seeded_sampling_on_the_device_repeats() {
         .take_while(|(x, y)| x == y)
         .count();
     eprintln!("{model}: device and host sampling agree on the first {same} of {n} tokens");
+}
+
+/// Logits of a turn resumed from the prompt cache against a cold prefill of
+/// the same tokens, both on the GPU (relative L2): the resumed prefill runs
+/// the prompt in other chunks, so bf16 roundings land elsewhere (the CPU
+/// reference's test of the same path is exact to 1e-4).
+const CACHED_VS_COLD_TOL: f64 = 2e-2;
+
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (x, y) in a.iter().zip(b) {
+        num += ((x - y) as f64).powi(2);
+        den += (*y as f64).powi(2);
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+/// A conversation through the prompt cache on the GPU: each turn resumes
+/// after the previous turn's prompt and answer (the device pipeline's
+/// overshoot accounted for), its first logits match a cold prefill's, and
+/// the device's greedy path resumes the same way.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_prompt_cache_resumes_conversations_on_the_device() {
+    let tok = Tokenizer::builtin();
+    let b = cuda("full4");
+    let im_start = tok.token_id("<|im_start|>").unwrap();
+    let mut seqs = Sequences::new(CacheOptions::mib(2048));
+    let mut text = "<|im_start|>system\nYou are a careful assistant who answers briefly.<|im_end|>\n".to_string();
+    let mut prev_end = 0;
+    for turn in 0..3 {
+        text += &format!("<|im_start|>user\nQuestion number {turn}: what is {turn} plus {turn}?<|im_end|>\n<|im_start|>assistant\n");
+        let p = tok.encode(&text).unwrap();
+        let req = request(&p, SamplingParams::greedy(), 12);
+        let marks = chat_marks(&p, im_start);
+        // the host path, to compare the first logits
+        let mut first = Vec::new();
+        let g = seqs
+            .generate(
+                &b,
+                &tok,
+                &req,
+                &marks,
+                OnToken::WithLogits(&mut |_, l| {
+                    if first.is_empty() {
+                        first = l.to_vec();
+                    }
+                    true
+                }),
+                &mut |_| true,
+            )
+            .unwrap();
+        let mut cold = Vec::new();
+        generate_observed(
+            &b,
+            &tok,
+            &req,
+            &mut |_, l| {
+                if cold.is_empty() {
+                    cold = l.to_vec();
+                }
+                true
+            },
+            &mut |_| true,
+        )
+        .unwrap();
+        let e = rel_l2(&first, &cold);
+        eprintln!("turn {turn}: {} cached of {}, logits rel L2 {e:.2e}", g.stats.cached_tokens, p.len());
+        assert!(e < CACHED_VS_COLD_TOL, "turn {turn}: logits relative L2 {e}");
+        if turn > 0 {
+            assert!(
+                g.stats.cached_tokens >= prev_end,
+                "turn {turn}: {} cached, the last turn ended at {prev_end}",
+                g.stats.cached_tokens
+            );
+        }
+        // the same request again on the device path: resumes from the same
+        // prefix (the prompt's own snapshot is never all of it)
+        let d = seqs
+            .generate(&b, &tok, &req, &marks, OnToken::Id(&mut |_| true), &mut |_| true)
+            .unwrap();
+        assert!(d.stats.cached_tokens > 0 && d.stats.cached_tokens < p.len());
+        assert_eq!(d.tokens[0], g.tokens[0], "turn {turn}: first token, device vs host path");
+        text += &tok.decode(&d.tokens, false).unwrap();
+        text += "<|im_end|>\n";
+        prev_end = p.len();
+    }
+    assert_eq!(seqs.failed(), 0);
 }

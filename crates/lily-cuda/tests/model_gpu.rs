@@ -539,3 +539,87 @@ fn gemv_add_matches_the_cpu() {
         assert!(ex < RESIDUAL_TOL, "call {call}: residual relative L2 {ex}");
     }
 }
+
+/// Prompt-cache snapshots: a state restored from a snapshot (into a state
+/// that held another sequence) continues bit for bit as the state it was
+/// taken from (the same kernels on the same bytes), a snapshot is its own
+/// memory (the source going on does not change it), and a reset state
+/// prefills as a new one does.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn snapshots_restore_what_the_state_held() {
+    let g = gpu();
+    let (cfg, w) = ModelSource::Synthetic("full4".into())
+        .load_procedural()
+        .unwrap();
+    let toks: Vec<u32> = (0..130u64)
+        .map(|i| ((i * 2_654_435_761 + 31) % 248_077) as u32)
+        .collect();
+    let other: Vec<u32> = (0..300u64)
+        .map(|i| ((i * 40_503 + 7) % 248_077) as u32)
+        .collect();
+    let opts = CudaOptions {
+        max_seq: 4096,
+        prefill_chunk: 64,
+        greedy_head: GreedyHead::Screen,
+        graphs: true,
+    };
+    let row = cfg.num_key_value_heads * cfg.head_dim * 2;
+    let m = CudaModel::load(g, cfg.clone(), &w, opts, false).unwrap();
+    let decode_all = |st: &mut CudaState, t: &[u32]| -> Vec<f32> {
+        t.iter()
+            .flat_map(|&x| m.forward(st, &[x], true).unwrap())
+            .collect()
+    };
+    let mut a = m.new_state().unwrap();
+    m.forward(&mut a, &toks[..100], false).unwrap();
+    let snap = m.snapshot(&a).unwrap();
+    assert_eq!(snap.pos(), 100);
+    let gdn_bytes = cfg.conv_dim() * (cfg.linear_conv_kernel_dim - 1) * 4
+        + cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4;
+    let want_bytes: usize = cfg
+        .layer_kinds
+        .iter()
+        .map(|k| match k {
+            lily_model::LayerKind::Attention => 2 * 100 * row,
+            lily_model::LayerKind::Gdn => gdn_bytes,
+        })
+        .sum();
+    assert_eq!(snap.bytes(), want_bytes);
+    let want = decode_all(&mut a, &toks[100..]);
+    // a state that held something else, longer: restored, it goes on as `a` did
+    let mut b = m.new_state().unwrap();
+    m.forward(&mut b, &other, false).unwrap();
+    decode_all(&mut b, &other[..3]);
+    m.restore(&snap, &mut b).unwrap();
+    assert_eq!(b.pos, 100);
+    let got = decode_all(&mut b, &toks[100..]);
+    assert!(got == want, "decode after restore differs from the source state's");
+    // again, after both states went on: the snapshot did not move
+    m.restore(&snap, &mut b).unwrap();
+    let got = decode_all(&mut b, &toks[100..]);
+    assert!(got == want, "a second restore of the same snapshot differs");
+    // the greedy pipeline after a restore: as a state that prefilled the tokens
+    m.restore(&snap, &mut b).unwrap();
+    let mut c = m.new_state().unwrap();
+    m.forward(&mut c, &toks[..100], false).unwrap();
+    m.set_next_token(&mut b, toks[100]).unwrap();
+    m.set_next_token(&mut c, toks[100]).unwrap();
+    let run = |st: &mut CudaState| {
+        let mut ids = Vec::new();
+        m.decode_greedy_run(st, 8, cfg.vocab_size, &mut |id| {
+            ids.push(id);
+            Ok(true)
+        })
+        .unwrap();
+        ids
+    };
+    assert_eq!(run(&mut b), run(&mut c), "greedy after restore");
+    // reset: a used state prefills as a new one
+    m.reset(&mut b).unwrap();
+    assert_eq!(b.pos, 0);
+    let mut fresh = m.new_state().unwrap();
+    let l1 = m.forward(&mut b, &toks[..100], false).unwrap();
+    let l2 = m.forward(&mut fresh, &toks[..100], false).unwrap();
+    assert!(l1 == l2, "prefill after reset differs from a new state's");
+}
