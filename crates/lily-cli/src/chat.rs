@@ -9,6 +9,7 @@ use std::sync::Arc;
 use anyhow::Result;
 use clap::Args;
 use lily_engine::generate::Generation;
+use lily_engine::sequences::{CacheOptions, Sequences};
 use serde_json::{json, Value};
 
 use crate::generate::{stats_line, Printer, Runner, SamplingArgs};
@@ -29,6 +30,10 @@ pub struct ChatArgs {
     /// Do not print the reasoning
     #[arg(long)]
     pub hide_reasoning: bool,
+    /// Memory the prompt cache may hold, in MiB (0 turns it off) [default:
+    /// on a GPU, half of the device memory left free, at most 16 GiB; 2 GiB of host memory on the CPU]
+    #[arg(long)]
+    pub prompt_cache_mib: Option<usize>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
 }
@@ -37,6 +42,12 @@ const HELP: &str = "commands: /think  /no_think  /reset  /system TEXT  /stats  /
 
 pub fn run(a: ChatArgs) -> Result<()> {
     let r = Runner::load(&a.model, &a.device)?;
+    // each turn resumes after the previous one instead of prefilling the conversation again
+    let cache_mib = match a.prompt_cache_mib {
+        Some(m) => m,
+        None => r.model.prompt_cache_default_mib()?,
+    };
+    let mut seqs = Sequences::new(CacheOptions::mib(cache_mib));
     let interrupted = Arc::new(AtomicBool::new(false));
     {
         let flag = interrupted.clone();
@@ -120,7 +131,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
         };
         let mut printer = Printer::new(!a.hide_reasoning);
         let stop = interrupted.clone();
-        let res = r.run(prompt, think, &a.sampling, &mut |e| {
+        let res = r.run(&mut seqs, prompt, think, &a.sampling, &mut |e| {
             printer.event(&e);
             !stop.load(Ordering::SeqCst)
         });

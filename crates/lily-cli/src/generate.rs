@@ -5,11 +5,12 @@ use std::io::{IsTerminal, Read, Write};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use lily_cli::backend::Backend;
+use lily_cli::backend::{Backend, BackendSnapshot, BackendState};
 use lily_engine::assets::TextAssets;
-use lily_engine::generate::{generate, GenerateRequest, Generation};
+use lily_engine::generate::{GenerateRequest, Generation, OnToken};
 use lily_engine::parse::{Event, OutputParser, ToolCall};
 use lily_engine::sampling::{SamplingOverrides, SamplingParams};
+use lily_engine::sequences::{chat_marks, CacheOptions, Sequences};
 use lily_model::chat_template::RenderOptions;
 use serde_json::{json, Value};
 
@@ -122,13 +123,20 @@ impl Runner {
 
     /// Generate from prompt ids, passing parsed events to `sink` as they come;
     /// `sink` returning false cancels.
+    /// Generate for `prompt` (through `seqs`: the state and prompt cache a
+    /// chat keeps from turn to turn), passing the parsed output to `sink`.
     pub fn run(
         &self,
+        seqs: &mut Sequences<BackendState, BackendSnapshot>,
         prompt: Vec<u32>,
         in_reasoning: bool,
         s: &SamplingArgs,
         sink: &mut dyn FnMut(Event) -> bool,
     ) -> Result<(Generation, Vec<ToolCall>)> {
+        let marks = match self.assets.tokenizer.token_id("<|im_start|>") {
+            Some(t) => chat_marks(&prompt, t),
+            None => Vec::new(),
+        };
         let req = GenerateRequest {
             prompt,
             sampling: s.params(&self.assets.generation.sampling)?,
@@ -149,10 +157,17 @@ impl Runner {
                 }
             }
         };
-        let g = generate(&self.model, &self.assets.tokenizer, &req, &mut |piece| {
-            feed(parser.push(piece), &mut calls, &mut keep);
-            keep
-        })?;
+        let g = seqs.generate(
+            &self.model,
+            &self.assets.tokenizer,
+            &req,
+            &marks,
+            OnToken::Id(&mut |_| true),
+            &mut |piece| {
+                feed(parser.push(piece), &mut calls, &mut keep);
+                keep
+            },
+        )?;
         feed(parser.finish(), &mut calls, &mut keep);
         Ok((g, calls))
     }
@@ -221,8 +236,9 @@ impl Printer {
 pub fn stats_line(g: &Generation) -> String {
     let s = &g.stats;
     format!(
-        "prompt {} tok | ttft {:.0} ms | prefill {:.1} tok/s | decode {:.1} tok/s | {} tok generated | finish {}",
+        "prompt {} tok ({} cached) | ttft {:.0} ms | prefill {:.1} tok/s | decode {:.1} tok/s | {} tok generated | finish {}",
         s.prompt_tokens,
+        s.cached_tokens,
         s.ttft.as_secs_f64() * 1e3,
         s.prefill_tok_s(),
         s.decode_tok_s(),
@@ -259,7 +275,8 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     };
     let mut printer = Printer::new(!a.hide_reasoning);
     let json_mode = a.json;
-    let (g, calls) = r.run(prompt, think, &a.sampling, &mut |e| {
+    let mut seqs = Sequences::new(CacheOptions::off());
+    let (g, calls) = r.run(&mut seqs, prompt, think, &a.sampling, &mut |e| {
         if json_mode {
             match &e {
                 Event::Reasoning(t) => printer.reasoning.push_str(t),

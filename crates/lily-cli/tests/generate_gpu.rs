@@ -7,8 +7,8 @@ use lily_cli::backend::{Backend, Device, LoadOptions};
 use lily_engine::generate::{
     generate, generate_observed, FinishReason, GenerateRequest, Generation, OnToken,
 };
-use lily_engine::sequences::{chat_marks, CacheOptions, Sequences};
 use lily_engine::sampling::SamplingParams;
+use lily_engine::sequences::{chat_marks, CacheOptions, Sequences};
 use lily_model::tokenizer::Tokenizer;
 use lily_model::ModelSource;
 
@@ -202,7 +202,9 @@ fn the_prompt_cache_resumes_conversations_on_the_device() {
     let b = cuda("full4");
     let im_start = tok.token_id("<|im_start|>").unwrap();
     let mut seqs = Sequences::new(CacheOptions::mib(2048));
-    let mut text = "<|im_start|>system\nYou are a careful assistant who answers briefly.<|im_end|>\n".to_string();
+    let mut text =
+        "<|im_start|>system\nYou are a careful assistant who answers briefly.<|im_end|>\n"
+            .to_string();
     let mut prev_end = 0;
     for turn in 0..3 {
         text += &format!("<|im_start|>user\nQuestion number {turn}: what is {turn} plus {turn}?<|im_end|>\n<|im_start|>assistant\n");
@@ -241,8 +243,15 @@ fn the_prompt_cache_resumes_conversations_on_the_device() {
         )
         .unwrap();
         let e = rel_l2(&first, &cold);
-        eprintln!("turn {turn}: {} cached of {}, logits rel L2 {e:.2e}", g.stats.cached_tokens, p.len());
-        assert!(e < CACHED_VS_COLD_TOL, "turn {turn}: logits relative L2 {e}");
+        eprintln!(
+            "turn {turn}: {} cached of {}, logits rel L2 {e:.2e}",
+            g.stats.cached_tokens,
+            p.len()
+        );
+        assert!(
+            e < CACHED_VS_COLD_TOL,
+            "turn {turn}: logits relative L2 {e}"
+        );
         if turn > 0 {
             assert!(
                 g.stats.cached_tokens >= prev_end,
@@ -253,10 +262,20 @@ fn the_prompt_cache_resumes_conversations_on_the_device() {
         // the same request again on the device path: resumes from the same
         // prefix (the prompt's own snapshot is never all of it)
         let d = seqs
-            .generate(&b, &tok, &req, &marks, OnToken::Id(&mut |_| true), &mut |_| true)
+            .generate(
+                &b,
+                &tok,
+                &req,
+                &marks,
+                OnToken::Id(&mut |_| true),
+                &mut |_| true,
+            )
             .unwrap();
         assert!(d.stats.cached_tokens > 0 && d.stats.cached_tokens < p.len());
-        assert_eq!(d.tokens[0], g.tokens[0], "turn {turn}: first token, device vs host path");
+        assert_eq!(
+            d.tokens[0], g.tokens[0],
+            "turn {turn}: first token, device vs host path"
+        );
         text += &tok.decode(&d.tokens, false).unwrap();
         text += "<|im_end|>\n";
         prev_end = p.len();

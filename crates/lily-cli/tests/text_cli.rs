@@ -257,3 +257,43 @@ fn chat_ctrl_c_stops_the_answer_not_the_program() {
     assert!(err.contains("[stopped]"), "{err}");
     assert!(err.contains("finish cancelled"), "{err}");
 }
+
+/// Chat turns go through the prompt cache: the second turn resumes about
+/// where the first turn's prompt ended (`/stats`: "prompt N tok (M cached)").
+#[test]
+fn chat_turns_resume_from_the_prompt_cache() {
+    // a first message long enough to be worth a snapshot at its boundary
+    let first = "a question with many words in it ".repeat(12);
+    let input = format!("/no_think\n{first}\n/stats\nand a second one\n/stats\n");
+    let (ok, _out, err) = run_with_stdin(
+        lily().args([
+            "chat",
+            "--synthetic",
+            "tiny",
+            "--max-tokens",
+            "5",
+            "--greedy",
+        ]),
+        &input,
+    );
+    assert!(ok, "{err}");
+    let stats: Vec<(usize, usize)> = err
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("prompt ")?;
+            let (n, rest) = rest.split_once(" tok (")?;
+            let (m, _) = rest.split_once(" cached)")?;
+            Some((n.parse().ok()?, m.parse().ok()?))
+        })
+        .collect();
+    assert_eq!(stats.len(), 2, "{err}");
+    let ((n1, m1), (n2, m2)) = (stats[0], stats[1]);
+    assert_eq!(m1, 0);
+    // the history renders the first answer without the empty think block the
+    // first prompt ended with: turn 2 parts from turn 1 at its answer's
+    // header, whose start is a chat mark
+    assert!(
+        m2 + 8 >= n1 && m2 < n2,
+        "turn 2: {m2} cached of {n2}, turn 1's prompt {n1}"
+    );
+}

@@ -594,7 +594,10 @@ fn snapshots_restore_what_the_state_held() {
     m.restore(&snap, &mut b).unwrap();
     assert_eq!(b.pos, 100);
     let got = decode_all(&mut b, &toks[100..]);
-    assert!(got == want, "decode after restore differs from the source state's");
+    assert!(
+        got == want,
+        "decode after restore differs from the source state's"
+    );
     // again, after both states went on: the snapshot did not move
     m.restore(&snap, &mut b).unwrap();
     let got = decode_all(&mut b, &toks[100..]);

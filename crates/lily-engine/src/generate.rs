@@ -349,10 +349,11 @@ fn run<M: Model>(
     let Begun { mut state, cached } = seqs.begin(model, prompt)?;
     let mut sampler = Sampler::new(req.sampling.clone(), tok.len(), prompt);
     // Prefill up to each snapshot point, saving there; the rest below.
-    let mut at = cached;
+    // `last`: the last snapshot on this request's path.
+    let (mut at, mut last) = (cached, cached);
     for p in seqs.points(cached, prompt.len(), marks) {
         model.prefill(&prompt[at..p], &mut state)?;
-        seqs.save(model, &prompt[..p], &state);
+        last = seqs.save(model, &prompt[..p], &state, last);
         at = p;
     }
     let rest = &prompt[at..];
@@ -368,7 +369,7 @@ fn run<M: Model>(
     } else {
         logits = model.prefill(rest, &mut state)?;
     }
-    seqs.save(model, prompt, &state);
+    last = seqs.save(model, prompt, &state, last);
     let prefill = t0.elapsed();
     let mut detok = StreamDecoder::new(true);
     let mut stops = StopMatcher::new(&req.stop_strings);
@@ -455,7 +456,7 @@ fn run<M: Model>(
     if fed > 0 && fed <= choices.len() {
         let mut held = prompt.to_vec();
         held.extend_from_slice(&choices[..fed]);
-        seqs.save(model, &held, &state);
+        seqs.save(model, &held, &state, last);
     }
     seqs.finish(state);
     let stats = Stats {

@@ -13,24 +13,25 @@
 //! - every `interval` tokens of a long prompt, so a prompt that shares a long
 //!   document with an earlier one resumes near where they part.
 //!
-//! A point less than [`MIN_GAP`] tokens past where prefill resumed is
-//! skipped: resuming a few tokens earlier costs less than another snapshot.
+//! A point is saved only `min_gap` tokens or more past the last snapshot on
+//! the request's path (where it resumed, or the last point it saved): a
+//! snapshot holds the recurrent states, about 63 MiB on the full model, and
+//! the KV rows up to it, and resuming a few tokens earlier costs less.
 
 use anyhow::Result;
 
 use crate::generate::Model;
 use crate::prompt_cache::{CacheStats, PrefixIndex};
 
-/// Snapshot points closer than this to the resume point are not taken.
-pub const MIN_GAP: usize = 64;
-
-/// How much the prompt cache may hold, and how often it saves inside a long prompt.
+/// How much the prompt cache may hold, and where it saves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CacheOptions {
     /// bytes of snapshots held at most (0: no prompt cache)
     pub budget: usize,
     /// a snapshot every this many tokens inside a prompt (0: none)
     pub interval: usize,
+    /// tokens a snapshot must be past the last one on its path
+    pub min_gap: usize,
 }
 
 impl CacheOptions {
@@ -39,14 +40,17 @@ impl CacheOptions {
         CacheOptions {
             budget: 0,
             interval: 0,
+            min_gap: 0,
         }
     }
 
-    /// A cache of `mib` MiB with snapshots every 8,192 tokens of a prompt.
+    /// A cache of `mib` MiB, saving every 8,192 tokens of a prompt, no two
+    /// snapshots of one path closer than 32 tokens.
     pub fn mib(mib: usize) -> CacheOptions {
         CacheOptions {
             budget: mib << 20,
             interval: 8192,
+            min_gap: 32,
         }
     }
 }
@@ -133,8 +137,8 @@ impl<St, Sn> Sequences<St, Sn> {
     }
 
     /// Where to stop inside `prompt[from..len]` to take a snapshot: `marks`
-    /// and multiples of the interval, ascending, each at least [`MIN_GAP`]
-    /// past the one before (and past `from`), strictly inside the prompt.
+    /// and multiples of the interval, ascending, strictly inside the prompt,
+    /// each `min_gap` past the one before (`from` the first).
     pub fn points(&self, from: usize, len: usize, marks: &[usize]) -> Vec<usize> {
         if self.opts.budget == 0 {
             return Vec::new();
@@ -151,7 +155,7 @@ impl<St, Sn> Sequences<St, Sn> {
         let mut out: Vec<usize> = Vec::new();
         let mut last = from;
         for x in p {
-            if x < len && x >= last + MIN_GAP {
+            if x < len && x >= last + self.opts.min_gap.max(1) {
                 out.push(x);
                 last = x;
             }
@@ -160,29 +164,37 @@ impl<St, Sn> Sequences<St, Sn> {
     }
 
     /// Save `state` as holding exactly `tokens` (its position must be
-    /// `tokens.len()`), unless that prefix is held already. A snapshot that
-    /// cannot be taken (device memory) empties the cache instead of failing
-    /// the request.
-    pub fn save<M>(&mut self, model: &M, tokens: &[u32], state: &St)
+    /// `tokens.len()`) if that is `min_gap` past `since`, the last snapshot
+    /// on its path, and not held already. Returns the new last snapshot on
+    /// the path. A snapshot that cannot be taken (device memory) empties the
+    /// cache instead of failing the request.
+    pub fn save<M>(&mut self, model: &M, tokens: &[u32], state: &St, since: usize) -> usize
     where
         M: Model<State = St, Snapshot = Sn> + ?Sized,
     {
-        if self.opts.budget == 0 || tokens.is_empty() || model.position(state) != tokens.len() {
-            return;
+        let n = tokens.len();
+        if self.opts.budget == 0
+            || n < since + self.opts.min_gap.max(1)
+            || model.position(state) != n
+        {
+            return since;
         }
         if self.index.holds(tokens) {
-            return;
+            return n;
         }
         match model.snapshot(state) {
             Ok(snap) => {
                 let bytes = model.snapshot_bytes(&snap);
-                self.index.insert(tokens, snap, bytes);
+                if self.index.insert(tokens, snap, bytes) {
+                    return n;
+                }
             }
             Err(_) => {
                 self.failed += 1;
                 self.index.clear();
             }
         }
+        since
     }
 
     /// `state` is done with: keep it for the next request.
@@ -191,11 +203,14 @@ impl<St, Sn> Sequences<St, Sn> {
     }
 }
 
-/// The chat-message boundaries worth a snapshot in a rendered chat prompt:
-/// the end of the first message (a system prompt other conversations share)
-/// and the start of the last message before the one the prompt opens for
-/// the answer (where a regenerated turn with another message parts). A
-/// message starts at a `start` token (`<|im_start|>`).
+/// The chat-message boundaries worth a snapshot in a rendered chat prompt
+/// (a message starts at a `start` token, `<|im_start|>`):
+/// - the end of the first message: a system prompt other conversations share;
+/// - the start of the last message before the answer's header: a turn
+///   regenerated with another message parts there;
+/// - the start of the answer's header: the next turn parts there when the
+///   template renders this answer without the generation prompt's tail (an
+///   empty or stripped think block), as Qwen's does for past turns.
 pub fn chat_marks(prompt: &[u32], start: u32) -> Vec<usize> {
     let at: Vec<usize> = prompt
         .iter()
@@ -204,12 +219,11 @@ pub fn chat_marks(prompt: &[u32], start: u32) -> Vec<usize> {
         .map(|(i, _)| i)
         .collect();
     let mut marks = Vec::new();
-    if let Some(&second) = at.get(1) {
-        marks.push(second);
+    if at.len() >= 2 {
+        marks.extend([at[1], at[at.len() - 2], at[at.len() - 1]]);
     }
-    if at.len() >= 3 {
-        marks.push(at[at.len() - 2]);
-    }
+    marks.retain(|&m| m > 0);
+    marks.sort_unstable();
     marks.dedup();
     marks
 }
@@ -223,6 +237,7 @@ mod tests {
         let s: Sequences<(), ()> = Sequences::new(CacheOptions {
             budget: 1,
             interval: 1000,
+            min_gap: 64,
         });
         assert_eq!(
             s.points(0, 2500, &[10, 500, 530, 1020]),
@@ -247,8 +262,9 @@ mod tests {
         let s = 7;
         // system, user, assistant, user, assistant header
         let p = [s, 1, 1, s, 2, 2, s, 3, 3, s, 4, 4, s, 5];
-        assert_eq!(chat_marks(&p, s), vec![3, 9]);
+        assert_eq!(chat_marks(&p, s), vec![3, 9, 12]);
         assert_eq!(chat_marks(&[s, 1, s, 2], s), vec![2]);
         assert!(chat_marks(&[1, 2, 3], s).is_empty());
+        assert!(chat_marks(&[s, 1, 2], s).is_empty());
     }
 }

@@ -172,6 +172,8 @@ fn fresh<M: Model>(m: &M, prompt: &[u32], max_tokens: usize) -> Generation {
 /// history it resumed from and answers as a fresh run does.
 #[test]
 fn conversations_resume_and_answer_as_fresh_runs() {
+    // answers long enough to be saved (`min_gap` past the answer's header)
+    const N: usize = 40;
     let m = model();
     let mut seqs = Sequences::new(CacheOptions::mib(1024));
     let system = tokens(1, 90);
@@ -179,8 +181,8 @@ fn conversations_resume_and_answer_as_fresh_runs() {
     let mut prev_len = 0;
     for turn in 0..3 {
         let prompt = chat(&history);
-        let g = cached(&m, &mut seqs, &prompt, 6);
-        assert_eq!(g.tokens, fresh(&m, &prompt, 6).tokens, "turn {turn}");
+        let g = cached(&m, &mut seqs, &prompt, N);
+        assert_eq!(g.tokens, fresh(&m, &prompt, N).tokens, "turn {turn}");
         if turn == 0 {
             assert_eq!(g.stats.cached_tokens, 0);
         } else {
@@ -199,14 +201,14 @@ fn conversations_resume_and_answer_as_fresh_runs() {
     let n = history.len();
     history[n - 1] = tokens(50, 33);
     let prompt = chat(&history);
-    let g = cached(&m, &mut seqs, &prompt, 6);
+    let g = cached(&m, &mut seqs, &prompt, N);
     assert_eq!(g.stats.cached_tokens, prev_len);
-    assert_eq!(g.tokens, fresh(&m, &prompt, 6).tokens, "regenerated turn");
+    assert_eq!(g.tokens, fresh(&m, &prompt, N).tokens, "regenerated turn");
     // another conversation on the same system prompt resumes at its end (a chat mark)
     let other = chat(&[system.clone(), tokens(60, 70)]);
-    let g = cached(&m, &mut seqs, &other, 6);
+    let g = cached(&m, &mut seqs, &other, N);
     assert_eq!(g.stats.cached_tokens, system.len() + 2);
-    assert_eq!(g.tokens, fresh(&m, &other, 6).tokens, "other conversation");
+    assert_eq!(g.tokens, fresh(&m, &other, N).tokens, "other conversation");
     let s = seqs.stats();
     assert_eq!((s.hits, s.misses), (4, 1));
     assert_eq!(seqs.failed(), 0);
@@ -220,6 +222,7 @@ fn a_long_prompt_is_saved_along_the_way() {
     let mut seqs = Sequences::new(CacheOptions {
         budget: 1 << 30,
         interval: 100,
+        min_gap: 32,
     });
     let long = tokens(7, 350);
     let g = cached(&m, &mut seqs, &long, 3);
@@ -238,6 +241,7 @@ fn a_tiny_budget_caches_nothing() {
     let mut seqs = Sequences::new(CacheOptions {
         budget: 1000,
         interval: 0,
+        min_gap: 1,
     });
     let p = chat(&[tokens(1, 80), tokens(2, 20)]);
     for _ in 0..2 {
@@ -314,7 +318,10 @@ fn a_choice_fed_past_the_stop_is_accounted_for() {
     let mut req = request(&p, 10);
     req.stop_ids = vec![free[2]];
     let tok = Tokenizer::builtin();
-    let mut seqs = Sequences::new(CacheOptions::mib(1024));
+    let mut seqs = Sequences::new(CacheOptions {
+        min_gap: 1,
+        ..CacheOptions::mib(1024)
+    });
     let g = seqs
         .generate(&m, &tok, &req, &[], OnToken::Id(&mut |_| true), &mut |_| {
             true
