@@ -6,9 +6,10 @@
 use anyhow::{bail, Context, Result};
 use lily_cpu::CpuModel;
 use lily_cuda::kernels::sampling::{uniform_f32, GpuSampleParams};
+use lily_cuda::{Choice, DeviceChoice, Penalties};
 use lily_cuda::{CudaModel, CudaOptions, CudaSnapshot, CudaState, GpuOptions};
-use lily_engine::generate::{decode_pick_each, Model};
-use lily_engine::sampling::Sampler;
+use lily_engine::generate::{decode_pick_each, Model, Picked};
+use lily_engine::sampling::{Logprobs, Sampler};
 use lily_model::{Config, Forward, Weights};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,23 +146,64 @@ fn rayon_threads() -> usize {
         .unwrap_or(1)
 }
 
-/// The device sampler's settings for `sampler`'s request, and its draw: a
-/// uniform for a sampled choice (taken from the request's seeded stream where
-/// the host sampler would take it), none for a greedy one.
-fn device_choice(sampler: &mut Sampler) -> (GpuSampleParams, f32) {
-    let p = &sampler.params;
-    let gp = GpuSampleParams {
-        temperature: p.temperature,
-        top_k: p.top_k,
-        top_p: p.top_p,
-        min_p: p.min_p,
-    };
+/// How the device chooses for `sampler`'s request this step: its settings,
+/// its draw (a uniform for a sampled choice, taken from the request's seeded
+/// stream where the host sampler would take it; none for a greedy one), its
+/// penalties and bias, and the log-probabilities asked for.
+fn device_choice(sampler: &mut Sampler, logprobs: Option<usize>) -> DeviceChoice<'_> {
     let u = if sampler.is_greedy() {
         0.0
     } else {
         uniform_f32(sampler.draw())
     };
-    (gp, u)
+    let p = &sampler.params;
+    DeviceChoice {
+        valid: sampler.valid_vocab(),
+        params: GpuSampleParams {
+            temperature: p.temperature,
+            top_k: p.top_k,
+            top_p: p.top_p,
+            min_p: p.min_p,
+        },
+        u,
+        penalties: (!sampler.logits_only()).then_some(Penalties {
+            presence: p.presence_penalty,
+            frequency: p.frequency_penalty,
+            repetition: p.repetition_penalty,
+            bias: &p.logit_bias,
+        }),
+        logprobs,
+    }
+}
+
+/// Make the device's penalty state for `s` agree with `sampler` before a
+/// step; `feeding`: the step feeds a token the sampler has just accepted.
+/// Returns whether the device should count that token itself (its state is
+/// one token behind); otherwise the state was loaded whole from the sampler
+/// (a new request, or steps taken on the host since).
+fn sync_penalties(
+    m: &CudaModel,
+    s: &mut CudaState,
+    sampler: &Sampler,
+    feeding: bool,
+) -> Result<bool> {
+    if sampler.logits_only() {
+        return Ok(false);
+    }
+    let want = (sampler.id(), sampler.generated());
+    if feeding && m.penalties_tag(s) == Some((want.0, want.1.wrapping_sub(1))) {
+        return Ok(true);
+    }
+    let (seen, counts) = sampler.penalty_tokens();
+    m.load_penalties(s, want, &seen, &counts, &sampler.params.logit_bias)?;
+    Ok(false)
+}
+
+fn picked(c: Choice) -> Picked {
+    Picked {
+        id: c.id,
+        logprobs: c.logprobs.map(|(chosen, top)| Logprobs { chosen, top }),
+    }
 }
 
 impl Model for Backend {
@@ -238,22 +280,25 @@ impl Model for Backend {
         }
     }
 
-    /// On CUDA the choice is made on the device (kernels/sampling.cu): only
-    /// the id leaves the GPU. The CPU samples its logits as usual.
+    /// On CUDA the choice is made on the device (model/choose.rs), penalties,
+    /// bias and log-probabilities included: only the id and the numbers
+    /// asked for leave the GPU. The CPU samples its logits as usual.
     fn prefill_pick(
         &self,
         tokens: &[u32],
         st: &mut BackendState,
         sampler: &mut Sampler,
-    ) -> Result<u32> {
+        logprobs: Option<usize>,
+    ) -> Result<Picked> {
         match (self, st) {
-            (Backend::Cuda(m), BackendState::Cuda(s)) if sampler.logits_only() => {
-                let (p, u) = device_choice(sampler);
-                m.prefill_sample(s, tokens, sampler.valid_vocab(), &p, u)
+            (Backend::Cuda(m), BackendState::Cuda(s)) => {
+                sync_penalties(m, s, sampler, false)?;
+                let d = device_choice(sampler, logprobs);
+                Ok(picked(m.prefill_choose(s, tokens, &d)?))
             }
             (_, st) => {
                 let logits = self.prefill(tokens, st)?;
-                Ok(sampler.sample(&logits))
+                Ok(Picked::on_host(&logits, sampler, logprobs))
             }
         }
     }
@@ -281,15 +326,22 @@ impl Model for Backend {
         }
     }
 
-    fn decode_pick(&self, token: u32, st: &mut BackendState, sampler: &mut Sampler) -> Result<u32> {
+    fn decode_pick(
+        &self,
+        token: u32,
+        st: &mut BackendState,
+        sampler: &mut Sampler,
+        logprobs: Option<usize>,
+    ) -> Result<Picked> {
         match (self, st) {
-            (Backend::Cuda(m), BackendState::Cuda(s)) if sampler.logits_only() => {
-                let (p, u) = device_choice(sampler);
-                m.decode_sample(s, token, sampler.valid_vocab(), &p, u)
+            (Backend::Cuda(m), BackendState::Cuda(s)) => {
+                let count = sync_penalties(m, s, sampler, true)?;
+                let d = device_choice(sampler, logprobs);
+                Ok(picked(m.decode_choose(s, token, count, &d)?))
             }
             (_, st) => {
                 let logits = self.decode(token, st)?;
-                Ok(sampler.sample(&logits))
+                Ok(Picked::on_host(&logits, sampler, logprobs))
             }
         }
     }

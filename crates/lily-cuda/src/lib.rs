@@ -11,4 +11,6 @@ pub mod trace;
 pub mod weights;
 
 pub use gpu::GpuOptions;
-pub use model::{CudaModel, CudaOptions, CudaSnapshot, CudaState, GreedyHead};
+pub use model::{
+    Choice, CudaModel, CudaOptions, CudaSnapshot, CudaState, DeviceChoice, GreedyHead, Penalties,
+};

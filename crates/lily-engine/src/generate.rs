@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 use lily_model::tokenizer::{StreamDecoder, Tokenizer};
 use lily_model::Forward;
 
-use crate::sampling::{Sampler, SamplingParams};
+use crate::sampling::{Logprobs, Sampler, SamplingParams};
 use crate::sequences::{Begun, CacheOptions, Sequences};
 
 /// What the engine needs from a backend. One sequence's state is an opaque
@@ -19,13 +19,12 @@ use crate::sequences::{Begun, CacheOptions, Sequences};
 ///
 /// A step either returns the logits (`prefill` / `decode`: the engine samples
 /// on the host) or the chosen token (`prefill_pick` / `decode_pick`: a backend
-/// that holds the logits elsewhere, on a GPU, may choose there and hand back
-/// only the id). The generate loop takes the pick path whenever the choice
-/// needs nothing but the logits and the sampler's draw: no penalties
-/// ([`Sampler::logits_only`]) and nobody who wants the logits themselves
-/// (log-probabilities, [`generate_observed`]). The pick methods default to the
-/// host path, so a backend overrides them only to choose somewhere else, and
-/// may still fall back to the host for a step it cannot choose on.
+/// that holds the logits elsewhere, on a GPU, may choose there, penalties and
+/// log-probabilities included, and hand back only the id and the numbers
+/// asked for). The generate loop takes the pick path unless its caller wants
+/// the logits themselves ([`generate_observed`]). The pick methods default to
+/// the host path, so a backend overrides them only to choose somewhere else,
+/// and may still fall back to the host for a step it cannot choose on.
 pub trait Model {
     type State;
     /// A fresh sequence (fails when its memory cannot be allocated).
@@ -50,17 +49,19 @@ pub trait Model {
     fn snapshot_bytes(&self, snap: &Self::Snapshot) -> usize;
 
     /// [`Model::prefill`], then the next token as `sampler.sample` would
-    /// choose it from the logits of the last one (taking
-    /// [`Sampler::draw`] for a sampled choice, as `sample` does). The engine
-    /// calls it only when `sampler.logits_only()`. Default: host logits.
+    /// choose it from the logits of the last one (penalties applied, taking
+    /// [`Sampler::draw`] for a sampled choice, as `sample` does), with the
+    /// step's log-probabilities when `logprobs` asks for that many
+    /// alternatives ([`Logprobs::of`] the logits). Default: host logits.
     fn prefill_pick(
         &self,
         tokens: &[u32],
         state: &mut Self::State,
         sampler: &mut Sampler,
-    ) -> Result<u32> {
+        logprobs: Option<usize>,
+    ) -> Result<Picked> {
         let logits = self.prefill(tokens, state)?;
-        Ok(sampler.sample(&logits))
+        Ok(Picked::on_host(&logits, sampler, logprobs))
     }
 
     /// Feed `token` (the last pick's choice), then go on picking and feeding:
@@ -87,9 +88,28 @@ pub trait Model {
         token: u32,
         state: &mut Self::State,
         sampler: &mut Sampler,
-    ) -> Result<u32> {
+        logprobs: Option<usize>,
+    ) -> Result<Picked> {
         let logits = self.decode(token, state)?;
-        Ok(sampler.sample(&logits))
+        Ok(Picked::on_host(&logits, sampler, logprobs))
+    }
+}
+
+/// A step's choice, and its log-probabilities when they were asked for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Picked {
+    pub id: u32,
+    pub logprobs: Option<Logprobs>,
+}
+
+impl Picked {
+    /// The host's choice from `logits` (`sampler.sample`), and their
+    /// log-probabilities with `logprobs` alternatives.
+    pub fn on_host(logits: &[f32], sampler: &mut Sampler, logprobs: Option<usize>) -> Picked {
+        let id = sampler.sample(logits);
+        let logprobs =
+            logprobs.map(|n| Logprobs::of(&sampler.biased(logits), sampler.valid_vocab(), id, n));
+        Picked { id, logprobs }
     }
 }
 
@@ -248,7 +268,7 @@ pub fn decode_pick_each<M: Model + ?Sized>(
 ) -> Result<()> {
     let mut t = token;
     for _ in 0..n {
-        t = model.decode_pick(t, state, sampler)?;
+        t = model.decode_pick(t, state, sampler, None)?.id;
         if !on_token(t, sampler)? {
             break;
         }
@@ -303,12 +323,14 @@ pub fn generate_observed<M: Model>(
     seqs.generate(model, tok, req, &[], OnToken::WithLogits(on_token), on_text)
 }
 
-/// Who sees each generated token: with its logits (host logits every step),
-/// or the id alone (the backend may choose on the device). Either may cancel
-/// the generation there by returning `false`; that token is then not part of
-/// the output.
+/// Who sees each generated token: the id alone, or with its
+/// log-probabilities (the backend may choose on the device either way), or
+/// with its logits (host logits every step). Each may cancel the generation
+/// there by returning `false`; that token is then not part of the output.
 pub enum OnToken<'a> {
     Id(&'a mut dyn FnMut(u32) -> bool),
+    /// with this many alternatives
+    WithLogprobs(usize, &'a mut dyn FnMut(u32, &Logprobs) -> bool),
     WithLogits(&'a mut dyn FnMut(u32, &[f32]) -> bool),
 }
 
@@ -358,14 +380,18 @@ fn run<M: Model>(
     }
     let rest = &prompt[at..];
     // Choose where the logits are, or bring them to the host and choose here.
-    let pick = matches!(on_token, OnToken::Id(_)) && sampler.logits_only();
+    let pick = !matches!(on_token, OnToken::WithLogits(_));
+    let lp_n = match on_token {
+        OnToken::WithLogprobs(n, _) => Some(n),
+        _ => None,
+    };
     let mut logits = Vec::new();
-    // the token chosen by the backend (pick path)
+    // the backend's choice (pick path)
     let mut chosen = None;
     if req.max_tokens == 0 {
         model.prefill(rest, &mut state)?;
     } else if pick {
-        chosen = Some(model.prefill_pick(rest, &mut state, &mut sampler)?);
+        chosen = Some(model.prefill_pick(rest, &mut state, &mut sampler, lp_n)?);
     } else {
         logits = model.prefill(rest, &mut state)?;
     }
@@ -384,56 +410,69 @@ fn run<M: Model>(
     let mut choices = Vec::new();
     // One chosen token through the stop ids, the observer, the detokenizer
     // and the stop strings; true: go on to the next one.
-    let mut take = |next: u32, logits: &[f32], sampler: &mut Sampler| -> Result<bool> {
-        choices.push(next);
-        if tokens.is_empty() {
-            ttft = t0.elapsed();
-            t_first = Instant::now();
-        }
-        if req.stop_ids.contains(&next) {
-            finish = FinishReason::Stop;
-            return Ok(false);
-        }
-        let go_on = match &mut on_token {
-            OnToken::Id(f) => f(next),
-            OnToken::WithLogits(f) => f(next, logits),
+    let mut take =
+        |next: u32, logits: &[f32], lp: Option<&Logprobs>, sampler: &mut Sampler| -> Result<bool> {
+            choices.push(next);
+            if tokens.is_empty() {
+                ttft = t0.elapsed();
+                t_first = Instant::now();
+            }
+            if req.stop_ids.contains(&next) {
+                finish = FinishReason::Stop;
+                return Ok(false);
+            }
+            let go_on = match &mut on_token {
+                OnToken::Id(f) => f(next),
+                OnToken::WithLogprobs(_, f) => f(next, lp.expect("logprobs picked with the token")),
+                OnToken::WithLogits(f) => f(next, logits),
+            };
+            if !go_on {
+                finish = FinishReason::Cancelled;
+                return Ok(false);
+            }
+            sampler.accept(next);
+            tokens.push(next);
+            let piece = detok.push(tok, next)?;
+            let (out, matched) = stops.push(&piece);
+            text.push_str(&out);
+            if !(out.is_empty() || on_text(&out)) {
+                finish = FinishReason::Cancelled;
+                return Ok(false);
+            }
+            if matched {
+                finish = FinishReason::Stop;
+                stop_string = true;
+                return Ok(false);
+            }
+            Ok(tokens.len() < req.max_tokens)
         };
-        if !go_on {
-            finish = FinishReason::Cancelled;
-            return Ok(false);
-        }
-        sampler.accept(next);
-        tokens.push(next);
-        let piece = detok.push(tok, next)?;
-        let (out, matched) = stops.push(&piece);
-        text.push_str(&out);
-        if !(out.is_empty() || on_text(&out)) {
-            finish = FinishReason::Cancelled;
-            return Ok(false);
-        }
-        if matched {
-            finish = FinishReason::Stop;
-            stop_string = true;
-            return Ok(false);
-        }
-        Ok(tokens.len() < req.max_tokens)
-    };
     if let Some(first) = chosen {
         // the backend chooses: after the first token it may keep steps
-        // queued ahead of the host (the state is dropped after the request,
-        // so a step spent past a stop costs only its time)
-        if take(first, &[], &mut sampler)? {
-            model.decode_pick_run(
-                first,
-                &mut state,
-                &mut sampler,
-                req.max_tokens - 1,
-                &mut |id, sampler| take(id, &[], sampler),
-            )?;
+        // queued ahead of the host (the state then holds one more choice,
+        // which the saved snapshot accounts for)
+        if take(first.id, &[], first.logprobs.as_ref(), &mut sampler)? {
+            if lp_n.is_none() {
+                model.decode_pick_run(
+                    first.id,
+                    &mut state,
+                    &mut sampler,
+                    req.max_tokens - 1,
+                    &mut |id, sampler| take(id, &[], None, sampler),
+                )?;
+            } else {
+                let mut t = first.id;
+                loop {
+                    let p = model.decode_pick(t, &mut state, &mut sampler, lp_n)?;
+                    if !take(p.id, &[], p.logprobs.as_ref(), &mut sampler)? {
+                        break;
+                    }
+                    t = p.id;
+                }
+            }
         }
     } else if req.max_tokens > 0 {
         let mut next = sampler.sample(&logits);
-        while take(next, &logits, &mut sampler)? {
+        while take(next, &logits, None, &mut sampler)? {
             logits = model.decode(next, &mut state)?;
             next = sampler.sample(&logits);
         }

@@ -27,6 +27,8 @@ pub struct SamplingParams {
     /// HF/vLLM-style, over prompt and generated tokens: positive logits are
     /// divided by it, negative ones multiplied. 1 = off.
     pub repetition_penalty: f32,
+    /// OpenAI-style: (token id, bias added to its logit before the penalties)
+    pub logit_bias: Vec<(u32, f32)>,
     pub seed: Option<u64>,
 }
 
@@ -46,6 +48,7 @@ impl SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
+            logit_bias: Vec::new(),
             seed: None,
         }
     }
@@ -65,6 +68,13 @@ impl SamplingParams {
                 "repetition_penalty must be > 0, got {}",
                 self.repetition_penalty
             );
+        }
+        if let Some(&(t, b)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| !(-100.0..=100.0).contains(b))
+        {
+            bail!("logit_bias of token {t} must be in [-100, 100], got {b}");
         }
         for (k, v) in [
             ("presence_penalty", self.presence_penalty),
@@ -168,6 +178,7 @@ impl GenerationConfig {
             presence_penalty: f("presence_penalty", 0.0),
             frequency_penalty: f("frequency_penalty", 0.0),
             repetition_penalty: f("repetition_penalty", 1.0),
+            logit_bias: Vec::new(),
             seed: None,
         };
         if !do_sample {
@@ -220,6 +231,71 @@ impl Rng {
     }
 }
 
+/// Log-probabilities of one step (a log-softmax over the real tokens'
+/// logits, before penalties and temperature): of the chosen token, and of
+/// the `n` most likely, most likely first (the lower id first on a tie).
+/// `-inf` where a token is impossible.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Logprobs {
+    pub chosen: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+impl Logprobs {
+    /// `log_softmax(logits[..valid])` at `id`, and its `n` largest entries;
+    /// NaN logits are not tokens.
+    pub fn of(logits: &[f32], valid: usize, id: u32, n: usize) -> Logprobs {
+        let l = &logits[..valid.min(logits.len())];
+        let m = l
+            .iter()
+            .copied()
+            .filter(|x| !x.is_nan())
+            .fold(f32::NEG_INFINITY, f32::max);
+        let lse = if m.is_finite() {
+            m as f64
+                + l.iter()
+                    .filter(|x| !x.is_nan())
+                    .map(|&x| ((x - m) as f64).exp())
+                    .sum::<f64>()
+                    .ln()
+        } else {
+            0.0
+        };
+        let lp = |x: f32| (x as f64 - lse) as f32;
+        let mut top = Vec::new();
+        if n > 0 {
+            let mut idx: Vec<u32> = (0..l.len() as u32)
+                .filter(|&i| !l[i as usize].is_nan())
+                .collect();
+            let by = |a: &u32, b: &u32| l[*b as usize].total_cmp(&l[*a as usize]).then(a.cmp(b));
+            if n < idx.len() {
+                idx.select_nth_unstable_by(n - 1, by);
+                idx.truncate(n);
+            }
+            idx.sort_unstable_by(by);
+            top = idx.into_iter().map(|i| (i, lp(l[i as usize]))).collect();
+        }
+        let x = l.get(id as usize).copied().unwrap_or(f32::NEG_INFINITY);
+        Logprobs { chosen: lp(x), top }
+    }
+
+    /// A step forced to `id`: what [`Logprobs::of`] gives for logits that
+    /// allow only it (among `valid` ids).
+    pub fn forced(id: u32, valid: usize, n: usize) -> Logprobs {
+        let mut top = Vec::new();
+        if n > 0 {
+            top.push((id, 0.0));
+            top.extend(
+                (0..valid as u32)
+                    .filter(|&i| i != id)
+                    .take(n - 1)
+                    .map(|i| (i, f32::NEG_INFINITY)),
+            );
+        }
+        Logprobs { chosen: 0.0, top }
+    }
+}
+
 /// Per-request sampler: holds the generator and the token counts the
 /// penalties need.
 pub struct Sampler {
@@ -231,7 +307,13 @@ pub struct Sampler {
     counts: std::collections::HashMap<u32, u32>,
     /// every token seen, prompt included (repetition penalty)
     seen: std::collections::HashSet<u32>,
+    /// tokens accepted so far
+    generated: usize,
+    /// this sampler among all (a backend keeping penalty state tells requests apart by it)
+    id: u64,
 }
+
+static SAMPLER_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl Sampler {
     pub fn new(params: SamplingParams, valid_vocab: usize, prompt: &[u32]) -> Sampler {
@@ -252,11 +334,24 @@ impl Sampler {
             valid: valid_vocab,
             counts: Default::default(),
             seen,
+            generated: 0,
+            id: SAMPLER_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
+    }
+
+    /// This sampler's id, unique in the process.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Tokens accepted so far.
+    pub fn generated(&self) -> usize {
+        self.generated
     }
 
     /// Record a token that was emitted (it feeds the penalties).
     pub fn accept(&mut self, tok: u32) {
+        self.generated += 1;
         *self.counts.entry(tok).or_default() += 1;
         if self.params.repetition_penalty != 1.0 {
             self.seen.insert(tok);
@@ -278,7 +373,26 @@ impl Sampler {
     /// it where the logits are (`Model::prefill_pick` / `decode_pick`).
     pub fn logits_only(&self) -> bool {
         let p = &self.params;
-        p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0
+        p.repetition_penalty == 1.0
+            && p.presence_penalty == 0.0
+            && p.frequency_penalty == 0.0
+            && p.logit_bias.is_empty()
+    }
+
+    /// The logits with the logit bias added (what log-probabilities are
+    /// reported from), restricted to real tokens.
+    pub fn biased<'a>(&self, logits: &'a [f32]) -> std::borrow::Cow<'a, [f32]> {
+        let l = &logits[..self.valid.min(logits.len())];
+        if self.params.logit_bias.is_empty() {
+            return std::borrow::Cow::Borrowed(l);
+        }
+        let mut l = l.to_vec();
+        for &(t, b) in &self.params.logit_bias {
+            if let Some(x) = l.get_mut(t as usize) {
+                *x += b;
+            }
+        }
+        std::borrow::Cow::Owned(l)
     }
 
     /// The uniform in [0, 1) that a sampled choice made elsewhere (on the
@@ -289,10 +403,21 @@ impl Sampler {
         self.rng.uniform()
     }
 
-    /// The logits after penalties, restricted to real tokens.
+    /// Tokens the repetition penalty applies to (prompt and generated; empty
+    /// when it is off), and the counts of generated tokens the presence and
+    /// frequency penalties use: what a backend that applies the penalties
+    /// itself starts a request from.
+    pub fn penalty_tokens(&self) -> (Vec<u32>, Vec<(u32, u32)>) {
+        (
+            self.seen.iter().copied().collect(),
+            self.counts.iter().map(|(&t, &c)| (t, c)).collect(),
+        )
+    }
+
+    /// The logits after the logit bias and the penalties, restricted to real tokens.
     pub fn penalized(&self, logits: &[f32]) -> Vec<f32> {
         let p = &self.params;
-        let mut l = logits[..self.valid.min(logits.len())].to_vec();
+        let mut l = self.biased(logits).into_owned();
         if p.repetition_penalty != 1.0 {
             for &t in &self.seen {
                 if let Some(x) = l.get_mut(t as usize) {

@@ -7,9 +7,11 @@ use std::cell::Cell;
 
 use anyhow::Result;
 use lily_engine::generate::{
-    generate, generate_observed, generate_tokens, FinishReason, GenerateRequest, Model, StopMatcher,
+    generate, generate_observed, generate_tokens, FinishReason, GenerateRequest, Model, OnToken,
+    Picked, StopMatcher,
 };
-use lily_engine::sampling::{Sampler, SamplingParams};
+use lily_engine::sampling::{Logprobs, Sampler, SamplingParams};
+use lily_engine::sequences::{CacheOptions, Sequences};
 use lily_model::tokenizer::Tokenizer;
 
 /// Emits a fixed token sequence: one-hot logits for script[position - prompt].
@@ -202,9 +204,17 @@ impl Chooser {
         let (l, p, d) = self.calls.get();
         self.calls.set((l + logits, p + picks, d));
     }
+    /// The device's choice, with one-hot log-probabilities when asked.
+    fn picked(&self, st: &(usize, usize), sampler: &mut Sampler, lp: Option<usize>) -> Picked {
+        let id = self.choose(st, sampler);
+        Picked {
+            id,
+            logprobs: lp.map(|n| Logprobs::forced(id, 248_320, n)),
+        }
+    }
+
     fn choose(&self, st: &(usize, usize), sampler: &mut Sampler) -> u32 {
         self.count(0, 1);
-        assert!(sampler.logits_only(), "pick path taken with penalties");
         if !sampler.is_greedy() {
             let u = sampler.draw();
             assert!((0.0..1.0).contains(&u));
@@ -251,14 +261,21 @@ impl Model for Chooser {
         tokens: &[u32],
         st: &mut (usize, usize),
         sampler: &mut Sampler,
-    ) -> Result<u32> {
+        lp: Option<usize>,
+    ) -> Result<Picked> {
         let p = st.1 + tokens.len();
         *st = (p, p);
-        Ok(self.choose(st, sampler))
+        Ok(self.picked(st, sampler, lp))
     }
-    fn decode_pick(&self, _t: u32, st: &mut (usize, usize), sampler: &mut Sampler) -> Result<u32> {
+    fn decode_pick(
+        &self,
+        _t: u32,
+        st: &mut (usize, usize),
+        sampler: &mut Sampler,
+        lp: Option<usize>,
+    ) -> Result<Picked> {
         st.1 += 1;
-        Ok(self.choose(st, sampler))
+        Ok(self.picked(st, sampler, lp))
     }
 }
 
@@ -330,7 +347,7 @@ fn logprobs_and_penalties_bring_the_logits_to_the_host() {
     .unwrap();
     assert_eq!((g.text.as_str(), observed), (" a b c", n));
     assert_eq!(m.calls.get(), (n, 0, 0));
-    // penalties need the logits on the host
+    // penalties and a logit bias are the backend's to apply: it still chooses
     for sampling in [
         SamplingParams {
             repetition_penalty: 1.1,
@@ -347,15 +364,45 @@ fn logprobs_and_penalties_bring_the_logits_to_the_host() {
             seed: Some(3),
             ..SamplingParams::greedy()
         },
+        SamplingParams {
+            logit_bias: vec![(5, 2.0)],
+            ..SamplingParams::greedy()
+        },
     ] {
         let m = Chooser::new(" a b c", " one two three");
+        let k = tok.encode(" one two three").unwrap().len();
         let req = GenerateRequest {
             sampling: sampling.clone(),
-            ..request(vec![1], n)
+            ..request(vec![1], k)
         };
         let g = generate(&m, &tok, &req, &mut |_| true).unwrap();
-        assert_eq!(g.text, " a b c", "{sampling:?}");
-        assert_eq!(m.calls.get(), (n, 0, 0), "{sampling:?}");
+        assert_eq!(g.text, " one two three", "{sampling:?}");
+        let draws = if sampling.temperature > 0.0 { k } else { 0 };
+        assert_eq!(m.calls.get(), (0, k, draws), "{sampling:?}");
+    }
+    // log-probabilities come with the backend's choice
+    let m = Chooser::new(" a b c", " one two three");
+    let k = tok.encode(" one two three").unwrap().len();
+    let mut seqs = Sequences::new(CacheOptions::off());
+    let mut got = Vec::new();
+    let g = seqs
+        .generate(
+            &m,
+            &tok,
+            &request(vec![1], k),
+            &[],
+            OnToken::WithLogprobs(3, &mut |id, lp| {
+                got.push((id, lp.clone()));
+                true
+            }),
+            &mut |_| true,
+        )
+        .unwrap();
+    assert_eq!(g.text, " one two three");
+    assert_eq!(m.calls.get(), (0, k, 0));
+    assert_eq!(got.len(), k);
+    for (id, lp) in got {
+        assert_eq!(lp, Logprobs::forced(id, 248_320, 3));
     }
 }
 

@@ -306,6 +306,10 @@ impl Common {
             seed: self.seed,
         }
         .apply(defaults)
+        .map(|mut p| {
+            p.logit_bias = self.logit_bias.clone();
+            p
+        })
         .map_err(|e| ApiError::bad_request(e.to_string()))
     }
 }

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use lily_engine::assets::TextAssets;
 use lily_engine::generate::{FinishReason, GenerateRequest, Model, OnToken};
 use lily_engine::parse::{Event, OutputParser, ToolCall};
-use lily_engine::sampling::SamplingParams;
+use lily_engine::sampling::{Logprobs, SamplingParams};
 use lily_engine::sequences::{chat_marks, CacheOptions, Sequences};
 use serde_json::Value;
 use tokio::sync::mpsc::UnboundedSender;
@@ -310,7 +310,6 @@ fn run_job<M: Model>(
     let pending_lp = std::cell::RefCell::new(Vec::<TokenLogprob>::new());
     let mut tool_calls = 0usize;
     let mut last_token: Option<Instant> = None;
-    let valid = tok.len();
     let metrics = &shared.metrics;
     let cancelled = || job.cancel.load(Ordering::SeqCst) || shared.abort_all.load(Ordering::SeqCst);
     metrics
@@ -320,7 +319,7 @@ fn run_job<M: Model>(
     // `logits` is there when log-probabilities were asked for (then every
     // step brings its logits to the host; otherwise the backend may choose
     // on the device and only the id comes back).
-    let mut on_token = |id: u32, logits: Option<&[f32]>| -> bool {
+    let mut on_token = |id: u32, lp: Option<&Logprobs>| -> bool {
         if cancelled() {
             return false;
         }
@@ -331,10 +330,8 @@ fn run_job<M: Model>(
         }
         last_token = Some(now);
         metrics.generation_tokens.fetch_add(1, Ordering::Relaxed);
-        if let (Some(n), Some(logits)) = (job.logprobs, logits) {
-            pending_lp
-                .borrow_mut()
-                .push(token_logprob(tok, logits, valid, id, n));
+        if let Some(lp) = lp {
+            pending_lp.borrow_mut().push(token_logprob(tok, id, lp));
         }
         true
     };
@@ -374,14 +371,14 @@ fn run_job<M: Model>(
         (OutputMode::Chat { .. }, Some(s)) => chat_marks(&job.prompt, s),
         _ => Vec::new(),
     };
-    let g = if job.logprobs.is_some() {
-        let mut f = |id: u32, l: &[f32]| on_token(id, Some(l));
+    let g = if let Some(n) = job.logprobs {
+        let mut f = |id: u32, lp: &Logprobs| on_token(id, Some(lp));
         seqs.generate(
             &steered,
             tok,
             &req,
             &marks,
-            OnToken::WithLogits(&mut f),
+            OnToken::WithLogprobs(n, &mut f),
             &mut on_text,
         )?
     } else {
@@ -427,34 +424,14 @@ fn run_job<M: Model>(
     Ok(reason)
 }
 
-/// Log-softmax of the model's logits (real tokens only) at `id`, and the `n`
-/// most likely tokens. Impossible tokens (forced steps) get -9999, as JSON has
-/// no infinity.
+/// A step's log-probabilities as the API reports them: token texts, and
+/// -9999 for an impossible token (JSON has no infinity).
 pub fn token_logprob(
     tok: &lily_model::tokenizer::Tokenizer,
-    logits: &[f32],
-    valid: usize,
     id: u32,
-    n: usize,
+    lp: &Logprobs,
 ) -> TokenLogprob {
-    let l = &logits[..valid.min(logits.len())];
-    let m = l
-        .iter()
-        .copied()
-        .filter(|x| !x.is_nan())
-        .fold(f32::NEG_INFINITY, f32::max);
-    let lse = if m.is_finite() {
-        m as f64
-            + l.iter()
-                .filter(|x| !x.is_nan())
-                .map(|&x| ((x - m) as f64).exp())
-                .sum::<f64>()
-                .ln()
-    } else {
-        0.0
-    };
-    let lp = |x: f32| -> f32 {
-        let v = (x as f64 - lse) as f32;
+    let finite = |v: f32| {
         if v.is_finite() {
             v.max(-9999.0)
         } else {
@@ -462,27 +439,10 @@ pub fn token_logprob(
         }
     };
     let text = |t: u32| tok.decode(&[t], false).unwrap_or_default();
-    let mut top = Vec::new();
-    if n > 0 {
-        let mut idx: Vec<u32> = (0..l.len() as u32)
-            .filter(|&i| !l[i as usize].is_nan())
-            .collect();
-        let by = |a: &u32, b: &u32| l[*b as usize].total_cmp(&l[*a as usize]).then(a.cmp(b));
-        if n < idx.len() {
-            idx.select_nth_unstable_by(n - 1, by);
-            idx.truncate(n);
-        }
-        idx.sort_unstable_by(by);
-        top = idx
-            .into_iter()
-            .map(|i| (text(i), lp(l[i as usize])))
-            .collect();
-    }
-    let x = l.get(id as usize).copied().unwrap_or(f32::NEG_INFINITY);
     TokenLogprob {
         token: text(id),
-        logprob: lp(x),
-        top,
+        logprob: finite(lp.chosen),
+        top: lp.top.iter().map(|&(t, v)| (text(t), finite(v))).collect(),
     }
 }
 

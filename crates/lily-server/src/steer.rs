@@ -20,15 +20,15 @@
 //! On the pick path (`Model::prefill_pick` / `decode_pick`: the backend
 //! chooses the token, on the GPU only the id comes back) a free step keeps the
 //! backend's choice and a forced step replaces it (the model still runs); a
-//! step whose logits must change (a logit bias, end-of-sequence ids banned)
+//! step whose logits must change (end-of-sequence ids banned)
 //! brings the logits to the host and samples them there.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use anyhow::Result;
-use lily_engine::generate::Model;
-use lily_engine::sampling::Sampler;
+use lily_engine::generate::{Model, Picked};
+use lily_engine::sampling::{Logprobs, Sampler};
 
 #[derive(Clone, Debug, Default)]
 pub struct Steering {
@@ -42,8 +42,6 @@ pub struct Steering {
     /// `<tool_call>`: a call the model opens itself settles what is owed.
     pub tool_call_open: Option<u32>,
     pub eos: Vec<u32>,
-    /// OpenAI `logit_bias`: added to the model's logits at every free step.
-    pub bias: Vec<(u32, f32)>,
     /// Test hook: sleep this long before each step (a slow model).
     pub delay: Duration,
 }
@@ -59,7 +57,7 @@ enum Pick {
     Own,
     /// This token; the model still runs (and takes its draw), its choice is dropped.
     Forced(u32),
-    /// The logits must be changed first (a logit bias, banned end-of-sequence
+    /// The logits must be changed first (banned end-of-sequence
     /// ids, a forced id outside the real tokens): host logits and sampler.
     Logits,
 }
@@ -93,11 +91,6 @@ impl<M: Model> Steered<'_, M> {
             }
             return logits;
         }
-        for &(t, b) in &self.plan.bias {
-            if let Some(x) = logits.get_mut(t as usize) {
-                *x += b;
-            }
-        }
         if st.owed {
             for &e in &self.plan.eos {
                 if let Some(x) = logits.get_mut(e as usize) {
@@ -113,25 +106,34 @@ impl<M: Model> Steered<'_, M> {
         match self.forced(st) {
             Some(t) if (t as usize) < sampler.valid_vocab() => Pick::Forced(t),
             Some(_) => Pick::Logits,
-            None if self.plan.bias.is_empty() && !st.owed => Pick::Own,
+            None if !st.owed => Pick::Own,
             None => Pick::Logits,
         }
     }
 
-    /// Run the model's step (`logits` or `pick`, as the plan allows) and choose.
+    /// Run the model's step (`logits` or `pick`, as the plan allows) and
+    /// choose; a forced step's log-probabilities are those of logits that
+    /// allow only its token (what the host path reports).
     fn pick(
         &self,
         st: &mut SteerState<M::State>,
         sampler: &mut Sampler,
+        lp: Option<usize>,
         logits: impl FnOnce(&M, &mut M::State) -> Result<Vec<f32>>,
-        pick: impl FnOnce(&M, &mut M::State, &mut Sampler) -> Result<u32>,
-    ) -> Result<u32> {
+        pick: impl FnOnce(&M, &mut M::State, &mut Sampler, Option<usize>) -> Result<Picked>,
+    ) -> Result<Picked> {
         match self.pick_plan(st, sampler) {
-            Pick::Own => pick(self.inner, &mut st.inner, sampler),
-            Pick::Forced(t) => pick(self.inner, &mut st.inner, sampler).map(|_| t),
+            Pick::Own => pick(self.inner, &mut st.inner, sampler, lp),
+            Pick::Forced(t) => {
+                pick(self.inner, &mut st.inner, sampler, None)?;
+                Ok(Picked {
+                    id: t,
+                    logprobs: lp.map(|n| Logprobs::forced(t, sampler.valid_vocab(), n)),
+                })
+            }
             Pick::Logits => {
                 let l = logits(self.inner, &mut st.inner)?;
-                Ok(sampler.sample(&self.steer(st, l)))
+                Ok(Picked::on_host(&self.steer(st, l), sampler, lp))
             }
         }
     }
@@ -235,7 +237,7 @@ impl<M: Model> Model for Steered<'_, M> {
         self.inner.snapshot_bytes(snap)
     }
 
-    /// A free step (no bias, nothing banned) is the inner model's own choice,
+    /// A free step (nothing banned) is the inner model's own choice,
     /// made where it makes it (on the GPU); a forced step still runs the model
     /// (and takes the draw a sampled step takes) and replaces its choice.
     fn prefill_pick(
@@ -243,7 +245,8 @@ impl<M: Model> Model for Steered<'_, M> {
         tokens: &[u32],
         st: &mut Self::State,
         sampler: &mut Sampler,
-    ) -> Result<u32> {
+        lp: Option<usize>,
+    ) -> Result<Picked> {
         self.wait();
         if !st.in_reasoning {
             self.start_answer(st);
@@ -251,19 +254,27 @@ impl<M: Model> Model for Steered<'_, M> {
         self.pick(
             st,
             sampler,
+            lp,
             |inner, s| inner.prefill(tokens, s),
-            |inner, s, sampler| inner.prefill_pick(tokens, s, sampler),
+            |inner, s, sampler, lp| inner.prefill_pick(tokens, s, sampler, lp),
         )
     }
 
-    fn decode_pick(&self, token: u32, st: &mut Self::State, sampler: &mut Sampler) -> Result<u32> {
+    fn decode_pick(
+        &self,
+        token: u32,
+        st: &mut Self::State,
+        sampler: &mut Sampler,
+        lp: Option<usize>,
+    ) -> Result<Picked> {
         self.wait();
         self.advance(token, st);
         self.pick(
             st,
             sampler,
+            lp,
             |inner, s| inner.decode(token, s),
-            |inner, s, sampler| inner.decode_pick(token, s, sampler),
+            |inner, s, sampler, lp| inner.decode_pick(token, s, sampler, lp),
         )
     }
 }

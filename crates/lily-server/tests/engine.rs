@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use lily_engine::assets::TextAssets;
-use lily_engine::generate::{generate, FinishReason, GenerateRequest, Model};
-use lily_engine::sampling::{GenerationConfig, Sampler, SamplingParams};
+use lily_engine::generate::{generate, FinishReason, GenerateRequest, Model, Picked};
+use lily_engine::sampling::{GenerationConfig, Logprobs, Sampler, SamplingParams};
 use lily_engine::sequences::CacheOptions;
 use lily_model::chat_template::ChatTemplate;
 use lily_model::tokenizer::Tokenizer;
@@ -473,7 +473,7 @@ fn logprobs_are_a_log_softmax() {
     logits[5] = 3.0;
     logits[7] = 2.0;
     logits[VOCAB - 1] = 100.0; // a padding row past the tokenizer: ignored
-    let lp = lily_server::engine::token_logprob(&tok, &logits, tok.len(), 7, 3);
+    let lp = lily_server::engine::token_logprob(&tok, 7, &Logprobs::of(&logits, tok.len(), 7, 3));
     let z: f64 = 3f64.exp() + 2f64.exp() + (tok.len() - 2) as f64;
     assert!(
         (lp.logprob as f64 - (2.0 - z.ln())).abs() < 1e-4,
@@ -486,7 +486,7 @@ fn logprobs_are_a_log_softmax() {
     // One-hot (forced) logits: 0 for the token, -9999 (not -inf) for the rest.
     let mut hot = vec![f32::NEG_INFINITY; VOCAB];
     hot[9] = 0.0;
-    let lp = lily_server::engine::token_logprob(&tok, &hot, tok.len(), 9, 2);
+    let lp = lily_server::engine::token_logprob(&tok, 9, &Logprobs::of(&hot, tok.len(), 9, 2));
     assert_eq!(lp.logprob, 0.0);
     assert_eq!(lp.top[1].1, -9999.0);
 }
@@ -524,10 +524,15 @@ impl Chooser {
         let (l, p) = self.calls.get();
         self.calls.set((l + 1, p));
     }
-    fn pick(&self, st: &(usize, usize)) -> u32 {
+    /// The device's choice, with one-hot log-probabilities when asked.
+    fn pick(&self, st: &(usize, usize), lp: Option<usize>) -> Picked {
         let (l, p) = self.calls.get();
         self.calls.set((l, p + 1));
-        self.device[(st.1 - st.0).min(self.device.len() - 1)]
+        let id = self.device[(st.1 - st.0).min(self.device.len() - 1)];
+        Picked {
+            id,
+            logprobs: lp.map(|n| Logprobs::forced(id, VOCAB, n)),
+        }
     }
 }
 
@@ -565,21 +570,28 @@ impl Model for Chooser {
         tokens: &[u32],
         st: &mut (usize, usize),
         _: &mut Sampler,
-    ) -> Result<u32> {
+        lp: Option<usize>,
+    ) -> Result<Picked> {
         let p = st.1 + tokens.len();
         *st = (p, p);
-        Ok(self.pick(st))
+        Ok(self.pick(st, lp))
     }
-    fn decode_pick(&self, _t: u32, st: &mut (usize, usize), _: &mut Sampler) -> Result<u32> {
+    fn decode_pick(
+        &self,
+        _t: u32,
+        st: &mut (usize, usize),
+        _: &mut Sampler,
+        lp: Option<usize>,
+    ) -> Result<Picked> {
         st.1 += 1;
-        Ok(self.pick(st))
+        Ok(self.pick(st, lp))
     }
 }
 
-/// Log-probabilities need the logits: the worker then has every step bring
-/// them to the host; otherwise the backend chooses.
+/// The backend chooses, log-probabilities or not: they come back with its
+/// choice (no logits to the host).
 #[test]
-fn the_worker_lets_the_backend_choose_unless_logprobs_are_asked_for() {
+fn the_worker_lets_the_backend_choose_with_or_without_logprobs() {
     for logprobs in [None, Some(1)] {
         let model = Chooser::new("from logits", "from the device");
         let sh = shared(4);
@@ -587,18 +599,15 @@ fn the_worker_lets_the_backend_choose_unless_logprobs_are_asked_for() {
         j.logprobs = logprobs;
         run(&model, &sh, vec![j]);
         let evs = drain(&mut rx);
-        let n = script("from logits", false).len();
+        let n = script("from the device", false).len();
+        assert_eq!(pieces(&evs), vec![Piece::Content("from the device".into())]);
+        assert_eq!(
+            model.calls.get(),
+            (0, script("from the device", true).len())
+        );
         match logprobs {
-            None => {
-                assert_eq!(pieces(&evs), vec![Piece::Content("from the device".into())]);
-                assert_eq!(
-                    model.calls.get(),
-                    (0, script("from the device", true).len())
-                );
-            }
+            None => {}
             Some(_) => {
-                assert_eq!(pieces(&evs), vec![Piece::Content("from logits".into())]);
-                assert_eq!(model.calls.get(), (n + 1, 0));
                 let Some(JobEvent::Done(o)) = evs.last() else {
                     panic!("{evs:?}")
                 };
@@ -620,7 +629,7 @@ fn the_worker_lets_the_backend_choose_unless_logprobs_are_asked_for() {
 
 /// Steering keeps the device's choice on free steps, replaces it on forced
 /// ones (the model still runs), and takes the logits where it must change
-/// them (a logit bias, end-of-sequence ids banned until a call is made).
+/// them (end-of-sequence ids banned until a call is made).
 #[test]
 fn steering_chooses_on_the_device_where_it_can() {
     let tok = Tokenizer::builtin();
@@ -652,16 +661,6 @@ fn steering_chooses_on_the_device_where_it_can() {
     let g = steered(&m, &forced);
     assert_eq!(g.text, "forced");
     assert_eq!(m.calls.get(), (0, g.tokens.len() + 1));
-
-    // a logit bias changes the logits: every step comes to the host
-    let the = tok.encode(" the").unwrap()[0];
-    let biased = Steering {
-        bias: vec![(the, 0.5)],
-        ..free.clone()
-    };
-    let m = Chooser::new("from logits", "from the device");
-    assert_eq!(steered(&m, &biased).text, "from logits");
-    assert_eq!(m.calls.get().1, 0);
 
     // tool_choice: EOS is banned (host logits) until the forced prefix, then free again
     let prefix = tok.encode("<tool_call>\n<function=f>\n").unwrap();

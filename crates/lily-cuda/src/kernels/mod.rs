@@ -102,6 +102,11 @@ kernel_table! {
     MoeCombine: "moe_combine_kernel" in "moe", pdl false, trace 0, "moe experts";
     Argmax: "argmax_kernel" in "sampling", pdl false, trace 0, "sampling";
     Sample: "sample_kernel" in "sampling", pdl false, trace 0, "sampling";
+    PenaltyFeed: "penalty_feed_kernel" in "sampling", pdl false, trace 0, "sampling";
+    LogitBias: "logit_bias_kernel" in "sampling", pdl false, trace 0, "sampling";
+    Penalize: "penalize_kernel" in "sampling", pdl false, trace 0, "sampling";
+    LogprobsPartial: "logprobs_partial_kernel" in "sampling", pdl false, trace 0, "sampling";
+    LogprobsFinish: "logprobs_finish_kernel" in "sampling", pdl false, trace 0, "sampling";
     ArgmaxBlocks: "argmax_blocks_kernel" in "sampling", pdl true, trace 12, "lm_head";
     ArgmaxFinish: "argmax_finish_kernel" in "sampling", pdl true, trace 13, "lm_head";
 }

@@ -619,3 +619,178 @@ extern "C" __global__ __launch_bounds__(SMP_THREADS) void sample_kernel(const fl
                                   : smp_global_pick(logits, valid, W, kmax, k, use_p, top_p, z_all, tmin, mass, u, s_buf);
     if (tid == 0) out[0] = pick;
 }
+
+// ---------------------------------------------------------------------------
+// Penalties, logit bias and log-probabilities on the device, so a request
+// that sets them still sends only its choice (and the numbers it asked for)
+// to the host. Same arithmetic, in the same order, as lily-engine's host
+// sampler (`Sampler::penalized`, `Logprobs::of`); the _rn intrinsics keep
+// nvcc from fusing what the host rounds twice.
+// ---------------------------------------------------------------------------
+
+// A generated token is fed: its count (presence / frequency penalties) and
+// its bit in `seen` (the repetition penalty: prompt and generated tokens).
+// One thread. Ids outside [0, valid) change nothing.
+extern "C" __global__ void penalty_feed_kernel(int token, int valid, unsigned* __restrict__ counts,
+                                               unsigned* __restrict__ seen) {
+    if (threadIdx.x != 0 || token < 0 || token >= valid) return;
+    counts[token] += 1u;
+    seen[token >> 5] |= 1u << (token & 31);
+}
+
+// logits[i] += bias[i] for i < valid where the bias is non-zero (OpenAI's
+// logit_bias, dense). Any grid of 256 threads.
+extern "C" __global__ void logit_bias_kernel(float* __restrict__ logits, int valid, const float* __restrict__ bias) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < valid; i += gridDim.x * blockDim.x) {
+        const float b = bias[i];
+        if (b != 0.f) logits[i] = __fadd_rn(logits[i], b);
+    }
+}
+
+// out[i] = the penalized logits[i] for i < valid: on a token in `seen` (a
+// bitset) the repetition penalty r != 1 divides a positive logit by r and
+// multiplies any other; a token generated c > 0 times loses
+// presence + frequency * c. Any grid of 256 threads.
+extern "C" __global__ void penalize_kernel(const float* __restrict__ logits, int valid,
+                                           const unsigned* __restrict__ counts, const unsigned* __restrict__ seen,
+                                           float presence, float frequency, float repetition, float* __restrict__ out) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < valid; i += gridDim.x * blockDim.x) {
+        float x = logits[i];
+        if (repetition != 1.f && ((seen[i >> 5] >> (i & 31)) & 1u))
+            x = x > 0.f ? __fdiv_rn(x, repetition) : __fmul_rn(x, repetition);
+        const unsigned c = counts[i];
+        if (c) x = __fsub_rn(x, __fadd_rn(presence, __fmul_rn(frequency, (float)c)));
+        out[i] = x;
+    }
+}
+
+// Log-probabilities, step 1 of 2. Block b (LP_THREADS threads) takes ids
+// [b*chunk, (b+1)*chunk) of [0, valid): its largest real logit m_b, the sum
+// of exp(l - m_b) over its real logits (f64), and its n best entries
+// (argmax_entry order: logit desc, id asc; 0 = none). part: per block,
+// LP_PART(n) u64: [0] m_b as f32 bits, [1] the sum as f64 bits, [2..2+n) the
+// entries. chunk <= LP_THREADS * LP_PER.
+#define LP_THREADS 256
+#define LP_PER 8
+#define LP_MAX_N 20
+#define LP_PART(n) (2 + (n))
+
+// Candidates a thread of logprobs_finish_kernel holds (blocks * n of them in all).
+#define LP_FIN_PER 10
+
+// The block's largest u64 below `below` among every thread's `e[P]`.
+template <int P>
+__device__ __forceinline__ u64 lp_next_below(const u64 (&e)[P], u64 below) {
+    u64 m = 0ull;
+#pragma unroll
+    for (int q = 0; q < P; q++)
+        if (e[q] < below && e[q] > m) m = e[q];
+    return smp_max_u64(m);
+}
+
+extern "C" __global__ __launch_bounds__(LP_THREADS) void logprobs_partial_kernel(const float* __restrict__ logits,
+                                                                               int valid, int chunk, int n,
+                                                                               u64* __restrict__ part) {
+    const int b0 = blockIdx.x * chunk, b1 = min(valid, b0 + chunk);
+    u64 e[LP_PER];
+    float m = -LILY_INF;
+#pragma unroll
+    for (int q = 0; q < LP_PER; q++) {
+        const int i = b0 + q * LP_THREADS + threadIdx.x;
+        const float l = i < b1 ? logits[i] : smp_nan();
+        e[q] = argmax_entry(l, (unsigned)i);
+        if (l == l) m = fmaxf(m, l);
+    }
+    const unsigned mk = smp_max_u32(order_key(m));
+    const float bm = smp_unkey(mk);  // -inf when nothing is real
+    double s = 0.0;
+    if (bm - bm == 0.f) {  // finite
+#pragma unroll
+        for (int q = 0; q < LP_PER; q++) {
+            const int i = b0 + q * LP_THREADS + threadIdx.x;
+            if (i < b1) {
+                const float l = logits[i];
+                if (l == l) s += exp((double)(l - bm));
+            }
+        }
+    }
+    // the block sum of f64 s, through the u64 reduction's shared memory pattern
+    __shared__ double ps[LP_THREADS / 32];
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(SMP_FULL, s, o);
+    if ((threadIdx.x & 31) == 0) ps[threadIdx.x >> 5] = s;
+    __syncthreads();
+    u64* out = part + (long)blockIdx.x * LP_PART(n);
+    if (threadIdx.x == 0) {
+        double t = 0.0;
+        for (int w = 0; w < LP_THREADS / 32; w++) t += ps[w];
+        out[0] = (u64)__float_as_uint(bm);
+        out[1] = (u64)__double_as_longlong(t);
+    }
+    u64 below = ~0ull;
+    for (int j = 0; j < n; j++) {
+        below = lp_next_below(e, below);
+        if (threadIdx.x == 0) out[2 + j] = below;
+        if (below == 0ull) {
+            for (int k = j + 1; k < n; k++)
+                if (threadIdx.x == 0) out[2 + k] = 0ull;
+            break;
+        }
+    }
+}
+
+// Log-probabilities, step 2 of 2 (one block of LP_THREADS threads), after the
+// choice is in next[0]: lse = M + log(sum_b s_b exp(m_b - M)) with M the
+// largest m_b, then out[0] = the chosen id, out[1] = logits[id] - lse (f32
+// bits; -inf for an id outside [0, valid) or a NaN logit), and for j < n:
+// out[2 + 2j] = the j-th most likely id (-1: none), out[3 + 2j] its logprob.
+// Needs blocks * n <= LP_THREADS * LP_FIN_PER.
+extern "C" __global__ __launch_bounds__(LP_THREADS) void logprobs_finish_kernel(const float* __restrict__ logits,
+                                                                              int valid, const u64* __restrict__ part,
+                                                                              int blocks, int n,
+                                                                              const int* __restrict__ next,
+                                                                              int* __restrict__ out) {
+    __shared__ double s_lse;
+    if (threadIdx.x == 0) {
+        float M = -LILY_INF;
+        for (int b = 0; b < blocks; b++) M = fmaxf(M, __uint_as_float((unsigned)part[(long)b * LP_PART(n)]));
+        double z = 0.0;
+        if (M - M == 0.f) {
+            for (int b = 0; b < blocks; b++) {
+                const u64* p = part + (long)b * LP_PART(n);
+                const float mb = __uint_as_float((unsigned)p[0]);
+                if (mb - mb == 0.f) z += __longlong_as_double((long long)p[1]) * exp((double)mb - (double)M);
+            }
+            s_lse = (double)M + log(z);
+        } else {
+            s_lse = 0.0;  // no finite logit: the host's lse is 0 then too
+        }
+    }
+    __syncthreads();
+    const double lse = s_lse;
+    u64 e[LP_FIN_PER];
+#pragma unroll
+    for (int q = 0; q < LP_FIN_PER; q++) {
+        const int c = q * LP_THREADS + threadIdx.x;  // candidate c: block c / n, rank c % n
+        e[q] = c < blocks * n ? part[(long)(c / n) * LP_PART(n) + 2 + c % n] : 0ull;
+    }
+    u64 below = ~0ull;
+    for (int j = 0; j < n; j++) {
+        below = lp_next_below(e, below);
+        if (threadIdx.x == 0) {
+            if (below == 0ull) {
+                out[2 + 2 * j] = -1;
+                out[3 + 2 * j] = __float_as_int(-LILY_INF);
+            } else {
+                const int id = argmax_id(below);
+                out[2 + 2 * j] = id;
+                out[3 + 2 * j] = __float_as_int((float)((double)logits[id] - lse));
+            }
+        }
+    }
+    if (threadIdx.x == 0) {
+        const int id = next[0];
+        const float l = (id >= 0 && id < valid) ? logits[id] : smp_nan();
+        out[0] = id;
+        out[1] = __float_as_int(l == l ? (float)((double)l - lse) : -LILY_INF);
+    }
+}

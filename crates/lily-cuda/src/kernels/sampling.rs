@@ -1,8 +1,10 @@
 //! Next-token selection on the GPU (kernels/sampling.cu): greedy or sampled
 //! with temperature, top-k, top-p and min-p, so only the chosen id (4 bytes)
 //! leaves the device. Semantics follow `lily_model::sampling` (the choice the
-//! engine's sampler makes on the host); penalties are not applied here
-//! (apply them to the logits first).
+//! engine's sampler makes on the host). Penalties and logit bias
+//! (`penalize`, `logit_bias`, with token counts kept on the device by
+//! `penalty_feed`) and log-probabilities (`logprobs`) follow the engine's
+//! `Sampler::penalized` and `Logprobs::of`.
 //!
 //! The random draw is a uniform `u` in [0, 1) from the caller's seeded
 //! generator, so a run is repeatable: the kernels are deterministic (all
@@ -193,6 +195,152 @@ pub fn greedy_finish(
             Arg::Ptr(clear),
         ],
     )
+}
+
+/// Most alternatives `logprobs_finish` reports (OpenAI's `top_logprobs` limit).
+pub const LOGPROBS_MAX_N: usize = 20;
+/// Ids a `logprobs_partial_kernel` block takes (LP_THREADS x LP_PER).
+const LOGPROBS_CHUNK: usize = 256 * 8;
+/// Candidates `logprobs_finish_kernel` can hold (LP_THREADS x LP_FIN_PER).
+const LOGPROBS_FIN_CAP: usize = 256 * 10;
+
+/// Blocks `logprobs_partial` runs over `valid` logits.
+pub fn logprobs_blocks(valid: usize) -> usize {
+    valid.div_ceil(LOGPROBS_CHUNK).max(1)
+}
+
+/// Bytes of `logprobs_partial`'s scratch for `valid` logits and `n` alternatives.
+pub fn logprobs_scratch_bytes(valid: usize, n: usize) -> usize {
+    logprobs_blocks(valid) * (2 + n) * 8
+}
+
+/// i32 slots `logprobs_finish` writes: the id, its logprob, then (id, logprob) x n.
+pub fn logprobs_out_len(n: usize) -> usize {
+    2 + 2 * n
+}
+
+/// A generated token is fed: its count and its `seen` bit (device u32 [valid]
+/// and u32 [valid / 32 rounded up]).
+pub fn penalty_feed(gpu: &Gpu, token: u32, valid: usize, counts: u64, seen: u64) -> Result<()> {
+    gpu.launch(
+        Kernel::PenaltyFeed,
+        (1, 1, 1),
+        (32, 1, 1),
+        0,
+        &[
+            Arg::I32(token.min(i32::MAX as u32) as i32),
+            Arg::I32(valid as i32),
+            Arg::Ptr(counts),
+            Arg::Ptr(seen),
+        ],
+    )
+}
+
+/// `logits[i] += bias[i]` over `valid` ids, in place (dense f32 bias).
+pub fn logit_bias(gpu: &Gpu, logits: u64, valid: usize, bias: u64) -> Result<()> {
+    gpu.launch(
+        Kernel::LogitBias,
+        (valid.div_ceil(256).min(1024) as u32, 1, 1),
+        (256, 1, 1),
+        0,
+        &[Arg::Ptr(logits), Arg::I32(valid as i32), Arg::Ptr(bias)],
+    )
+}
+
+/// The penalized `logits` into `out` over `valid` ids (the host sampler's
+/// `Sampler::penalized`): repetition on the tokens in `seen`, then presence
+/// and frequency by `counts`.
+#[allow(clippy::too_many_arguments)]
+pub fn penalize(
+    gpu: &Gpu,
+    logits: u64,
+    valid: usize,
+    counts: u64,
+    seen: u64,
+    presence: f32,
+    frequency: f32,
+    repetition: f32,
+    out: u64,
+) -> Result<()> {
+    gpu.launch(
+        Kernel::Penalize,
+        (valid.div_ceil(256).min(1024) as u32, 1, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::Ptr(logits),
+            Arg::I32(valid as i32),
+            Arg::Ptr(counts),
+            Arg::Ptr(seen),
+            Arg::F32(presence),
+            Arg::F32(frequency),
+            Arg::F32(repetition),
+            Arg::Ptr(out),
+        ],
+    )
+}
+
+/// Log-probabilities of the choice in `next[0]` and the `n` most likely ids
+/// over `logits[..valid]` (`Logprobs::of` in lily-engine), into `out`
+/// (`logprobs_out_len(n)` i32: see `logprobs_finish_kernel`), with `part`
+/// (`logprobs_scratch_bytes`) as scratch. Launch after the choice.
+pub fn logprobs(
+    gpu: &Gpu,
+    logits: u64,
+    valid: usize,
+    n: usize,
+    part: u64,
+    next: u64,
+    out: u64,
+) -> Result<()> {
+    if n > LOGPROBS_MAX_N {
+        bail!("at most {LOGPROBS_MAX_N} top log-probabilities, got {n}");
+    }
+    if valid == 0 || valid > i32::MAX as usize {
+        bail!("log-probabilities over {valid} logits");
+    }
+    let blocks = logprobs_blocks(valid);
+    if blocks * n > LOGPROBS_FIN_CAP {
+        bail!("log-probabilities: {blocks} blocks x {n} candidates exceed {LOGPROBS_FIN_CAP}");
+    }
+    gpu.launch(
+        Kernel::LogprobsPartial,
+        (blocks as u32, 1, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::Ptr(logits),
+            Arg::I32(valid as i32),
+            Arg::I32(LOGPROBS_CHUNK as i32),
+            Arg::I32(n as i32),
+            Arg::Ptr(part),
+        ],
+    )?;
+    gpu.launch(
+        Kernel::LogprobsFinish,
+        (1, 1, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::Ptr(logits),
+            Arg::I32(valid as i32),
+            Arg::Ptr(part),
+            Arg::I32(blocks as i32),
+            Arg::I32(n as i32),
+            Arg::Ptr(next),
+            Arg::Ptr(out),
+        ],
+    )
+}
+
+/// `logprobs`' output as (the chosen id, its logprob, the alternatives).
+pub fn logprobs_decode(out: &[i32], n: usize) -> (u32, f32, Vec<(u32, f32)>) {
+    let f = |i: usize| f32::from_bits(out[i] as u32);
+    let top = (0..n)
+        .filter(|&j| out[2 + 2 * j] >= 0)
+        .map(|j| (out[2 + 2 * j] as u32, f(3 + 2 * j)))
+        .collect();
+    (out[0] as u32, f(1), top)
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@
 //! device, so greedy steps can be queued back to back (`decode_greedy_run`).
 
 mod bytes;
+mod choose;
 mod decode;
 mod layers;
 mod moe_prefill;
@@ -23,6 +24,7 @@ use lily_model::{Config, LayerKind, Weights};
 
 use self::bytes::gib;
 pub use self::bytes::prefill_group_flops;
+pub use self::choose::{Choice, DeviceChoice, Penalties};
 use self::decode::StepGraph;
 pub use self::snapshot::CudaSnapshot;
 use crate::gpu::{DevBuf, Gpu};
@@ -31,6 +33,7 @@ use crate::kernels::gdn_chunked::gdn_chunked_scratch_bytes;
 use crate::kernels::lm_head::HeadScreen;
 use crate::kernels::moe::MoeDims;
 use crate::kernels::moe_grouped::tile_list_len;
+use crate::kernels::sampling::{logprobs_out_len, logprobs_scratch_bytes, LOGPROBS_MAX_N};
 use crate::weights::{moe_dims, upload, weight_bytes, DevWeights};
 
 /// How a greedy decode step picks its token.
@@ -99,6 +102,8 @@ pub struct CudaState {
     /// last (the one a greedy run feeds).
     id: u64,
     last: Option<u32>,
+    /// the request's penalty state on the device (model/choose.rs)
+    choice: Option<choose::ChoiceState>,
 }
 
 /// A decode layer's flags (`s.flags`), which its first kernel (`gemv3`)
@@ -124,6 +129,9 @@ struct Scratch {
     wts: DevBuf,                       // [T, K+1] f32
     moe_h: DevBuf,                     // [K+1, max(F, Fs)] bf16 (decode; prefill runs grouped)
     logits: DevBuf,                    // [V] f32
+    pen: DevBuf,                       // [V] f32 penalized logits (model/choose.rs)
+    lp_part: DevBuf,                   // logprobs_partial's scratch
+    lp_out: DevBuf,                    // [logprobs_out_len(LOGPROBS_MAX_N)] i32
     next: DevBuf,                      // [1] i32 sampled token: also the token a decode step feeds
     best: DevBuf, // [1] u64 the decode step's greedy choice as argmax_entry, 0 between steps
     host_next: crate::gpu::HostMapped, // [2] i32 each step's choice, in slot pos & 1, for the host
@@ -228,7 +236,9 @@ pub fn memory_estimate(cfg: &Config, opts: &CudaOptions) -> (usize, usize, usize
         + t * kk * 4
         + t * (kk + 1) * 4
         + (kk + 1) * fmax * 2
-        + cfg.vocab_size * 4
+        + cfg.vocab_size * 4 * 2
+        + logprobs_scratch_bytes(cfg.vocab_size, LOGPROBS_MAX_N)
+        + logprobs_out_len(LOGPROBS_MAX_N) * 4
         + gdn_chunked_scratch_bytes(t, hv, dv)
         + attention_decode_scratch_bytes(hq, dh, attention_decode_splits(opts.max_seq))
         + grouped_bytes(cfg, t);
@@ -362,6 +372,9 @@ impl CudaModel {
             wts: gpu.alloc(t * (k + 1) * 4)?,
             moe_h: gpu.alloc((k + 1) * fmax * 2)?,
             logits: gpu.alloc(cfg.vocab_size * 4)?,
+            pen: gpu.alloc(cfg.vocab_size * 4)?,
+            lp_part: gpu.alloc(logprobs_scratch_bytes(cfg.vocab_size, LOGPROBS_MAX_N))?,
+            lp_out: gpu.alloc(logprobs_out_len(LOGPROBS_MAX_N) * 4)?,
             next: gpu.alloc(4)?,
             best: {
                 let b = gpu.alloc(8)?;
@@ -436,6 +449,7 @@ impl CudaModel {
             graphs: [None, None],
             id: self.state_ids.fetch_add(1, Ordering::Relaxed),
             last: None,
+            choice: None,
         })
     }
 

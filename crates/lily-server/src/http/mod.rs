@@ -131,7 +131,6 @@ impl App {
                 format!("token id {bad} is outside the vocabulary (0..{n})"),
             ));
         }
-        s.bias = common.logit_bias.clone();
         if self.cfg.test_hooks {
             if let Some(script) = &common.test_script {
                 s.script = Some(self.encode(script)?);
