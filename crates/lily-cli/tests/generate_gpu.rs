@@ -7,7 +7,7 @@ use lily_cli::backend::{Backend, Device, LoadOptions};
 use lily_engine::generate::{
     generate, generate_observed, FinishReason, GenerateRequest, Generation, OnToken,
 };
-use lily_engine::sampling::SamplingParams;
+use lily_engine::sampling::{Logprobs, Sampler, SamplingParams};
 use lily_engine::sequences::{chat_marks, CacheOptions, Sequences};
 use lily_model::tokenizer::Tokenizer;
 use lily_model::ModelSource;
@@ -281,4 +281,103 @@ fn the_prompt_cache_resumes_conversations_on_the_device() {
         prev_end = p.len();
     }
     assert_eq!(seqs.failed(), 0);
+}
+
+/// Log-probabilities on the device against the host's from the same logits.
+const DEVICE_LOGPROB_TOL: f32 = 1e-4;
+
+/// Penalties, a logit bias and log-probabilities chosen on the device give
+/// what the host sampler gives from the downloaded logits: the same greedy
+/// tokens (the penalty arithmetic is the host's, rounding for rounding), and
+/// log-probabilities within `DEVICE_LOGPROB_TOL` with the same top ids.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn penalties_bias_and_logprobs_on_the_device_match_the_host() {
+    let tok = Tokenizer::builtin();
+    let b = cuda("full4");
+    let p = prompt(&tok);
+    let n = 40;
+    let the = tok.encode(" the").unwrap()[0];
+    for sampling in [
+        SamplingParams {
+            presence_penalty: 1.5,
+            ..SamplingParams::greedy()
+        },
+        SamplingParams {
+            repetition_penalty: 1.3,
+            frequency_penalty: 0.4,
+            ..SamplingParams::greedy()
+        },
+        SamplingParams {
+            logit_bias: vec![(the, 6.0), (11, -100.0)],
+            presence_penalty: 0.5,
+            ..SamplingParams::greedy()
+        },
+    ] {
+        let req = request(&p, sampling.clone(), n);
+        let host = on_host(&b, &tok, &req);
+        let dev = on_device(&b, &tok, &req);
+        assert_eq!(dev.tokens.len(), n);
+        assert_eq!(dev.tokens, host.tokens, "{sampling:?}");
+        // with log-probabilities, against the host's from its logits
+        let mut want = Vec::new();
+        generate_observed(
+            &b,
+            &tok,
+            &req,
+            &mut |id, l| {
+                let s = Sampler::new(sampling.clone(), tok.len(), &p);
+                want.push(Logprobs::of(&s.biased(l), tok.len(), id, 5));
+                true
+            },
+            &mut |_| true,
+        )
+        .unwrap();
+        let mut seqs = Sequences::new(CacheOptions::off());
+        let mut got = Vec::new();
+        let g = seqs
+            .generate(
+                &b,
+                &tok,
+                &req,
+                &[],
+                OnToken::WithLogprobs(5, &mut |id, lp| {
+                    got.push((id, lp.clone()));
+                    true
+                }),
+                &mut |_| true,
+            )
+            .unwrap();
+        assert_eq!(g.tokens, host.tokens, "{sampling:?} with logprobs");
+        for (i, ((id, g), w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g.chosen - w.chosen).abs() < DEVICE_LOGPROB_TOL,
+                "step {i} token {id}: {} vs {}",
+                g.chosen,
+                w.chosen
+            );
+            let ids = |l: &Logprobs| l.top.iter().map(|x| x.0).collect::<Vec<_>>();
+            assert_eq!(ids(g), ids(w), "step {i}: top ids");
+            for (a, b) in g.top.iter().zip(&w.top) {
+                assert!(
+                    (a.1 - b.1).abs() < DEVICE_LOGPROB_TOL,
+                    "step {i}: {a:?} vs {b:?}"
+                );
+            }
+        }
+    }
+    // sampled with penalties: a seed repeats the run on the device
+    let sampled = SamplingParams {
+        temperature: 0.8,
+        top_k: 20,
+        top_p: 0.95,
+        presence_penalty: 1.5,
+        seed: Some(5),
+        ..SamplingParams::greedy()
+    };
+    let req = request(&p, sampled, n);
+    assert_eq!(
+        on_device(&b, &tok, &req).tokens,
+        on_device(&b, &tok, &req).tokens
+    );
 }

@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""An agent's conversation through `lily serve`, as a client sees it: the
+prompt cache's time to first token, turn by turn, and the decode speed of
+the sampling settings Qwen recommends.
+
+Starts `LILY serve ARGS...` on a free port, waits for /health, then:
+1. Turns: a conversation whose first message is about --history tokens of
+   varied text, growing by about --turn tokens a turn (the answer and a new
+   message). Each turn is a streamed chat request (thinking off, greedy,
+   --answer tokens): its time to first token, prompt tokens and the cached
+   tokens the server reports.
+2. Cold: the last turn's messages under another system message (nothing
+   cached): its time to first token, the uncached reference.
+3. Decode: one request per sampling setting (plain greedy, sampled, with
+   presence_penalty 1.5, with repetition_penalty 1.1, with top_logprobs 5),
+   --decode tokens each: tokens after the first over the time after the
+   first (stream arrival times).
+Prints one JSON object (also to --out) and a short table on stderr.
+
+usage: serve_agent.py --lily PATH [--history 6000] [--turn 300] [--turns 6] [--out FILE] -- serve args...
+  e.g. serve_agent.py --lily .carry/lily --out agent.json -- --device cuda --synthetic full --max-seq 16384
+"""
+import argparse
+import json
+import random
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+WORDS = ["river", "compile", "kernel", "lantern", "orbit", "matrix", "harbor", "signal", "pepper", "quartz",
+         "tensor", "meadow", "cache", "violet", "engine", "summit", "copper", "thread", "glacier", "token"]
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def text(n_tokens: int, seed: int) -> str:
+    """About n_tokens tokens of varied words (about 1.6 tokens a word)."""
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) + (str(rng.randrange(100)) if rng.random() < 0.3 else "")
+                    for _ in range(int(n_tokens / 1.6)))
+
+
+def chat(port: int, messages: list, max_tokens: int, **sampling) -> dict:
+    body = {"messages": messages, "max_tokens": max_tokens, "stream": True,
+            "stream_options": {"include_usage": True},
+            "chat_template_kwargs": {"enable_thinking": False}, "temperature": 0, **sampling}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    arrivals, content, usage = [], [], None
+    with urllib.request.urlopen(req, timeout=900) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            ev = json.loads(line[5:])
+            for c in ev.get("choices") or []:
+                d = c.get("delta") or {}
+                piece = (d.get("content") or "") + (d.get("reasoning_content") or "")
+                if piece:
+                    arrivals.append(time.perf_counter() - t0)
+                    content.append(d.get("content") or "")
+            if ev.get("usage"):
+                usage = ev["usage"]
+    return {"ttft_s": arrivals[0] if arrivals else None, "total_s": time.perf_counter() - t0,
+            "arrivals": arrivals, "content": "".join(content), "usage": usage}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lily", required=True)
+    ap.add_argument("--history", type=int, default=6000, help="tokens of the first message, about")
+    ap.add_argument("--turn", type=int, default=300, help="tokens of each new message, about")
+    ap.add_argument("--turns", type=int, default=6)
+    ap.add_argument("--answer", type=int, default=32, help="tokens answered each turn")
+    ap.add_argument("--decode", type=int, default=256, help="tokens of each decode measurement")
+    ap.add_argument("--out")
+    ap.add_argument("serve", nargs=argparse.REMAINDER)
+    a = ap.parse_args()
+    serve = [x for x in a.serve if x != "--"]
+    port = free_port()
+    proc = subprocess.Popen([a.lily, "serve", "--port", str(port), *serve], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while True:
+            if proc.poll() is not None:
+                sys.exit(f"lily serve exited: {proc.stderr.read()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                sys.exit("lily serve did not become healthy in 300 s")
+            time.sleep(1)
+        chat(port, [{"role": "user", "content": "warm up"}], 4)
+        # 1. the conversation
+        msgs = [{"role": "system", "content": "You are an agent. Keep answers short."},
+                {"role": "user", "content": text(a.history, 1)}]
+        turns = []
+        for t in range(a.turns):
+            last = list(msgs)
+            r = chat(port, msgs, a.answer)
+            u = r["usage"] or {}
+            turns.append({"turn": t, "prompt_tokens": u.get("prompt_tokens"),
+                          "cached_tokens": (u.get("prompt_tokens_details") or {}).get("cached_tokens"),
+                          "ttft_s": r["ttft_s"]})
+            msgs += [{"role": "assistant", "content": r["content"]},
+                     {"role": "user", "content": text(a.turn, 100 + t)}]
+        # 2. a cold conversation of the last turn's size
+        cold_msgs = [{"role": "system", "content": "You are a different agent!"}] + last[1:]
+        c = chat(port, cold_msgs, a.answer)
+        cold = {"prompt_tokens": (c["usage"] or {}).get("prompt_tokens"),
+                "cached_tokens": ((c["usage"] or {}).get("prompt_tokens_details") or {}).get("cached_tokens"),
+                "ttft_s": c["ttft_s"]}
+        # 3. decode speeds
+        settings = {
+            "greedy": {},
+            "sampled": {"temperature": 1.0, "top_p": 0.95, "extra_top_k": 20},
+            "presence_penalty 1.5": {"temperature": 1.0, "top_p": 0.95, "extra_top_k": 20, "presence_penalty": 1.5},
+            "repetition_penalty 1.1": {"temperature": 1.0, "top_p": 0.95, "extra_top_k": 20,
+                                       "repetition_penalty": 1.1},
+            "top_logprobs 5": {"temperature": 1.0, "top_p": 0.95, "extra_top_k": 20, "logprobs": True,
+                               "top_logprobs": 5},
+        }
+        decode = {}
+        for name, s in settings.items():
+            s = dict(s)
+            if "extra_top_k" in s:
+                s["top_k"] = s.pop("extra_top_k")
+            r = chat(port, [{"role": "user", "content": text(200, 7)}], a.decode, seed=3, **s)
+            arr = r["arrivals"]
+            n = (r["usage"] or {}).get("completion_tokens") or len(arr)
+            span = arr[-1] - arr[0] if len(arr) > 1 else None
+            decode[name] = {"completion_tokens": n, "tok_s": (n - 1) / span if span else None}
+        res = {"turns": turns, "cold": cold, "decode": decode,
+               "ttft_ratio_after_first": [round(x["ttft_s"] / cold["ttft_s"], 4) for x in turns[1:]]
+               if cold["ttft_s"] else None}
+        print(json.dumps(res))
+        if a.out:
+            json.dump(res, open(a.out, "w"), indent=1)
+        print("turn  prompt  cached  ttft ms", file=sys.stderr)
+        for x in turns:
+            print(f"{x['turn']:>4}  {x['prompt_tokens']:>6}  {x['cached_tokens']:>6}  {x['ttft_s'] * 1e3:8.1f}",
+                  file=sys.stderr)
+        print(f"cold  {cold['prompt_tokens']:>6}  {cold['cached_tokens']:>6}  {cold['ttft_s'] * 1e3:8.1f}",
+              file=sys.stderr)
+        for name, d in decode.items():
+            print(f"decode {name:<24} {d['tok_s'] or 0:8.1f} tok/s ({d['completion_tokens']} tokens)",
+                  file=sys.stderr)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+if __name__ == "__main__":
+    main()
