@@ -242,19 +242,17 @@ impl Model for Chooser {
         st.1
     }
     fn reset(&self, st: &mut (usize, usize)) -> Result<()> {
-        *st = (0, 0);
-        Ok(())
+        self.host.reset(st)
     }
     type Snapshot = (usize, usize);
     fn snapshot(&self, st: &(usize, usize)) -> Result<(usize, usize)> {
-        Ok(*st)
+        self.host.snapshot(st)
     }
     fn restore(&self, snap: &(usize, usize), st: &mut (usize, usize)) -> Result<()> {
-        *st = *snap;
-        Ok(())
+        self.host.restore(snap, st)
     }
-    fn snapshot_bytes(&self, _: &(usize, usize)) -> usize {
-        16
+    fn snapshot_bytes(&self, snap: &(usize, usize)) -> usize {
+        self.host.snapshot_bytes(snap)
     }
     fn prefill_pick(
         &self,
