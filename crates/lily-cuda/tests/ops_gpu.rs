@@ -608,7 +608,13 @@ fn moe_grouped_prefill() {
     }
     assert_eq!(got_counts, want_counts, "moe_count");
     assert_eq!(
-        (want_counts[7], want_counts[8], want_counts[3], want_counts[255], want_counts[0]),
+        (
+            want_counts[7],
+            want_counts[8],
+            want_counts[3],
+            want_counts[255],
+            want_counts[0]
+        ),
         (300, 129, 1, 1, 0),
         "the routing's ragged counts"
     );
@@ -620,7 +626,11 @@ fn moe_grouped_prefill() {
             Some(o)
         })
         .collect();
-    assert_eq!(g.download::<i32>(offsets.ptr, e).unwrap(), off, "moe_tiles: offsets");
+    assert_eq!(
+        g.download::<i32>(offsets.ptr, e).unwrap(),
+        off,
+        "moe_tiles: offsets"
+    );
     let mut want_tiles = vec![0i32];
     for (ei, &c) in want_counts.iter().enumerate() {
         for tile in 0..(c as usize).div_ceil(TILE_ROWS) {
@@ -656,23 +666,47 @@ fn moe_grouped_prefill() {
     };
     // the activation rows start as NaN: every row of a routed expert must be written
     g.upload(hs.ptr, &vec![0x7fc0u16; pairs * f]).unwrap();
-    moe_gate_up_grouped(&g, &groups, xb.ptr, Some(src.ptr), &experts.gate_up, hs.ptr, f, d)
-        .unwrap();
+    moe_gate_up_grouped(
+        &g,
+        &groups,
+        xb.ptr,
+        Some(src.ptr),
+        &experts.gate_up,
+        hs.ptr,
+        f,
+        d,
+    )
+    .unwrap();
     moe_down_grouped(&g, &groups, hs.ptr, &experts.down, os.ptr, d, f).unwrap();
     let one = Groups::One { rows: t };
-    moe_gate_up_grouped(&g, &one, xb.ptr, None, &experts.shared_gate_up, hsh.ptr, fs, d)
-        .unwrap();
+    moe_gate_up_grouped(
+        &g,
+        &one,
+        xb.ptr,
+        None,
+        &experts.shared_gate_up,
+        hsh.ptr,
+        fs,
+        d,
+    )
+    .unwrap();
     moe_down_grouped(&g, &one, hsh.ptr, &experts.shared_down, osh.ptr, d, fs).unwrap();
 
     // gate/up activations: rows of expert `ex` (None: the shared expert over all tokens)
     let got_hs = from_bf16_bits(&g.download::<u16>(hs.ptr, pairs * f).unwrap());
     let got_hsh = from_bf16_bits(&g.download::<u16>(hsh.ptr, t * fs).unwrap());
-    assert!(got_hs.iter().all(|v| v.is_finite()), "an activation row left unwritten");
+    assert!(
+        got_hs.iter().all(|v| v.is_finite()),
+        "an activation row left unwritten"
+    );
     let swiglu = |w: &Mat, r0: usize, width: usize, xr: &[f32]| -> Vec<f32> {
         let mut row = vec![0f32; d];
         let dot = |r: usize, row: &mut Vec<f32>| {
             w.row_f32(r, row);
-            row.iter().zip(xr).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>()
+            row.iter()
+                .zip(xr)
+                .map(|(a, b)| *a as f64 * *b as f64)
+                .sum::<f64>()
         };
         (0..width)
             .map(|j| {
@@ -686,10 +720,18 @@ fn moe_grouped_prefill() {
         let mut want = Vec::new();
         for &ti in &sr[o..o + c] {
             let ti = ti as usize;
-            want.extend(swiglu(&experts.cpu_gate_up, ex * 2 * f, f, &x[ti * d..(ti + 1) * d]));
+            want.extend(swiglu(
+                &experts.cpu_gate_up,
+                ex * 2 * f,
+                f,
+                &x[ti * d..(ti + 1) * d],
+            ));
         }
         let err = rel_l2(&got_hs[o * f..(o + c) * f], &want);
-        assert!(err < TOL_GROUPED_BF16, "gate/up of expert {ex} ({c} rows): {err}");
+        assert!(
+            err < TOL_GROUPED_BF16,
+            "gate/up of expert {ex} ({c} rows): {err}"
+        );
     }
     let sgu = Mat::whole(Arc::new(lily_model::tensor::Tensor::procedural(
         vec![2 * fs, d],
@@ -704,7 +746,10 @@ fn moe_grouped_prefill() {
         want.extend(swiglu(&sgu, 0, fs, &x[ti * d..(ti + 1) * d]));
     }
     let err = rel_l2(&got_hsh, &want);
-    assert!(err < TOL_GROUPED_BF16, "gate/up of the shared expert: {err}");
+    assert!(
+        err < TOL_GROUPED_BF16,
+        "gate/up of the shared expert: {err}"
+    );
 
     moe_combine(&g, os.ptr, osh.ptr, rowmap.ptr, wb.ptr, rb.ptr, t, d, k).unwrap();
     let got: Vec<f32> = g.download(rb.ptr, t * d).unwrap();

@@ -84,7 +84,10 @@ pub enum Groups<'a> {
 impl Groups<'_> {
     fn check(&self, what: &str) -> Result<()> {
         if self.args().1 > 65_535 {
-            bail!("{what}: {} row tiles is more than a grid holds", self.args().1);
+            bail!(
+                "{what}: {} row tiles is more than a grid holds",
+                self.args().1
+            );
         }
         match *self {
             Groups::Experts {
