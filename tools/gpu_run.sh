@@ -15,6 +15,9 @@
 #                                      token of a ~24k-token prompt through lily serve, chunks of 8k and
 #                                      16k, decode at 4k/32k
 #                                      (with .carry/old: its decode in the same run)
+#   tools/gpu_run.sh agent          -> an agent's conversation through lily serve (the prompt cache's
+#                                      time to first token per turn, a cold reference) and the decode
+#                                      speed of each sampling setting (tools/serve_agent.py)
 #   tools/gpu_run.sh side           -> Lily beside transformers + fla on the same weights, the decode
 #                                      roofline at 4k, 131k decode, the full-head rows
 #   tools/gpu_run.sh variants       -> decode at 4k/32k of this bundle and every .carry/variants/*, interleaved
@@ -207,6 +210,15 @@ prefill-accept)
   if [ -f "$carry/old/bundle.tar.xz" ]; then
     unpack "$carry/old"
     bench decode-old "$carry/old/lily" --prompt-len 64 --context 4096,32768 --gen 128 --runs 3
+  fi
+  ;;
+agent)
+  note "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader)"
+  if timeout 500 python3 tools/serve_agent.py --lily "$lily" --out "$out/agent.json" \
+      -- --device cuda --synthetic full --max-seq 16384 > "$logs/agent.log" 2>&1; then
+    note "$(tail -13 "$logs/agent.log")"
+  else
+    note "agent FAILED: $(tail -3 "$logs/agent.log" | tr '\n' ' ')"
   fi
   ;;
 side)

@@ -23,22 +23,14 @@ usage: serve_agent.py --lily PATH [--history 6000] [--turn 300] [--turns 6] [--o
 import argparse
 import json
 import random
-import socket
-import subprocess
 import sys
 import time
 import urllib.request
 
+from serve_process import lily_serve
+
 WORDS = ["river", "compile", "kernel", "lantern", "orbit", "matrix", "harbor", "signal", "pepper", "quartz",
          "tensor", "meadow", "cache", "violet", "engine", "summit", "copper", "thread", "glacier", "token"]
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def text(n_tokens: int, seed: int) -> str:
@@ -85,24 +77,7 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("serve", nargs=argparse.REMAINDER)
     a = ap.parse_args()
-    serve = [x for x in a.serve if x != "--"]
-    port = free_port()
-    proc = subprocess.Popen([a.lily, "serve", "--port", str(port), *serve], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.time() + 300
-        while True:
-            if proc.poll() is not None:
-                sys.exit(f"lily serve exited: {proc.stderr.read()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.time() > deadline:
-                sys.exit("lily serve did not become healthy in 300 s")
-            time.sleep(1)
+    with lily_serve(a.lily, a.serve) as port:
         chat(port, [{"role": "user", "content": "warm up"}], 4)
         # 1. the conversation
         msgs = [{"role": "system", "content": "You are an agent. Keep answers short."},
@@ -158,12 +133,6 @@ def main():
         for name, d in decode.items():
             print(f"decode {name:<24} {d['tok_s'] or 0:8.1f} tok/s ({d['completion_tokens']} tokens)",
                   file=sys.stderr)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 if __name__ == "__main__":
