@@ -81,7 +81,7 @@ from fixture_gen.model import (  # noqa: E402
     param_count,
 )
 from fixture_gen.readme import fmt_layers  # noqa: E402
-from fixture_gen.reference import choose_tokens, run_reference  # noqa: E402
+from fixture_gen.reference import case_geometry, choose_tokens, run_reference  # noqa: E402
 from fixture_gen.released import released_config, to_released_layout  # noqa: E402
 from transformers import Qwen3_5MoeForCausalLM  # noqa: E402
 
@@ -462,26 +462,7 @@ def run_case(fc: Fp8Case) -> dict:
         "sharded": c.shards > 1,
         "n_shards": c.shards,
         "scale_in_other_shard": fc.split_scale,
-        "vocab_size": c.vocab,
-        "hidden_size": c.hidden,
-        "num_hidden_layers": len(c.layer_types),
-        "layer_types": c.layer_types,
-        "num_attention_heads": c.heads,
-        "num_key_value_heads": c.kv_heads,
-        "head_dim": c.head_dim,
-        "linear_num_key_heads": c.lin_k_heads,
-        "linear_num_value_heads": c.lin_v_heads,
-        "linear_key_head_dim": c.lin_k_dim,
-        "linear_value_head_dim": c.lin_v_dim,
-        "linear_conv_kernel_dim": c.conv_kernel,
-        "num_experts": c.experts,
-        "num_experts_per_tok": c.top_k,
-        "moe_intermediate_size": c.moe_inter,
-        "shared_expert_intermediate_size": c.shared_inter,
-        "rope_theta": c.rope_theta,
-        "partial_rotary_factor": c.partial_rotary,
-        "rotary_dim": c.rotary_dim,
-        "rms_norm_eps": c.rms_eps,
+        **case_geometry(c),
         "params": param_count(ref_model),
         "n_fp8_tensors": len(quantized),
         "n_fp8_tensors_text": sum(1 for k in quantized if not k.startswith("mtp.")),

@@ -184,6 +184,32 @@ def run_f32_compute(ckpt: Path, c: Case, tokens: torch.Tensor) -> dict:
     }
 
 
+def case_geometry(c: Case) -> dict:
+    """A case's model geometry as cases.json records it (the keys in this order)."""
+    return {
+        "vocab_size": c.vocab,
+        "hidden_size": c.hidden,
+        "num_hidden_layers": len(c.layer_types),
+        "layer_types": c.layer_types,
+        "num_attention_heads": c.heads,
+        "num_key_value_heads": c.kv_heads,
+        "head_dim": c.head_dim,
+        "linear_num_key_heads": c.lin_k_heads,
+        "linear_num_value_heads": c.lin_v_heads,
+        "linear_key_head_dim": c.lin_k_dim,
+        "linear_value_head_dim": c.lin_v_dim,
+        "linear_conv_kernel_dim": c.conv_kernel,
+        "num_experts": c.experts,
+        "num_experts_per_tok": c.top_k,
+        "moe_intermediate_size": c.moe_inter,
+        "shared_expert_intermediate_size": c.shared_inter,
+        "rope_theta": c.rope_theta,
+        "partial_rotary_factor": c.partial_rotary,
+        "rotary_dim": c.rotary_dim,
+        "rms_norm_eps": c.rms_eps,
+    }
+
+
 def run_case(c: Case) -> dict:
     print(f"== {c.name}", flush=True)
     case_dir = OUT_ROOT / c.name
@@ -236,26 +262,7 @@ def run_case(c: Case) -> dict:
         "sharded": c.shards > 1,
         "n_shards": c.shards,
         "a_log_f32": c.a_log_f32,
-        "vocab_size": c.vocab,
-        "hidden_size": c.hidden,
-        "num_hidden_layers": len(c.layer_types),
-        "layer_types": c.layer_types,
-        "num_attention_heads": c.heads,
-        "num_key_value_heads": c.kv_heads,
-        "head_dim": c.head_dim,
-        "linear_num_key_heads": c.lin_k_heads,
-        "linear_num_value_heads": c.lin_v_heads,
-        "linear_key_head_dim": c.lin_k_dim,
-        "linear_value_head_dim": c.lin_v_dim,
-        "linear_conv_kernel_dim": c.conv_kernel,
-        "num_experts": c.experts,
-        "num_experts_per_tok": c.top_k,
-        "moe_intermediate_size": c.moe_inter,
-        "shared_expert_intermediate_size": c.shared_inter,
-        "rope_theta": c.rope_theta,
-        "partial_rotary_factor": c.partial_rotary,
-        "rotary_dim": c.rotary_dim,
-        "rms_norm_eps": c.rms_eps,
+        **case_geometry(c),
         "params": param_count(model),
         "files": files,
         "bytes": size,
