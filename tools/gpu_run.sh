@@ -17,7 +17,8 @@
 #                                      (with .carry/old: its decode in the same run)
 #   tools/gpu_run.sh agent          -> an agent's conversation through lily serve (the prompt cache's
 #                                      time to first token per turn, a cold reference) and the decode
-#                                      speed of each sampling setting (tools/serve_agent.py)
+#                                      speed of each sampling setting (tools/serve_agent.py); then the
+#                                      same for each .carry/variants/* and .carry/old carried
 #   tools/gpu_run.sh side           -> Lily beside transformers + fla on the same weights, the decode
 #                                      roofline at 4k, 131k decode, the full-head rows
 #   tools/gpu_run.sh variants       -> decode at 4k/32k of this bundle and every .carry/variants/*, interleaved
@@ -213,13 +214,21 @@ prefill-accept)
   fi
   ;;
 agent)
+  # this bundle, then every .carry/variants/* and .carry/old carried (each agent-NAME.json)
   note "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader)"
-  if timeout 500 python3 tools/serve_agent.py --lily "$lily" --out "$out/agent.json" \
-      -- --device cuda --synthetic full --max-seq 16384 > "$logs/agent.log" 2>&1; then
-    note "$(tail -13 "$logs/agent.log")"
-  else
-    note "agent FAILED: $(tail -3 "$logs/agent.log" | tr '\n' ' ')"
-  fi
+  runs=("agent:$lily")
+  for d in "$carry"/variants/*/ "$carry"/old/; do
+    [ -f "$d/bundle.tar.xz" ] && unpack "$d" && runs+=("agent-$(basename "$d"):$d/lily")
+  done
+  for r in "${runs[@]}"; do
+    name=${r%%:*} bin=${r#*:}
+    if timeout 300 python3 tools/serve_agent.py --lily "$bin" --out "$out/$name.json" \
+        -- --device cuda --synthetic full --max-seq 16384 > "$logs/$name.log" 2>&1; then
+      note "$name: $(tail -13 "$logs/$name.log")"
+    else
+      note "$name FAILED: $(tail -3 "$logs/$name.log" | tr '\n' ' ')"
+    fi
+  done
   ;;
 side)
   # Lily and transformers + fla on the same random weights, in this run
