@@ -131,8 +131,9 @@ fn causal_conv1d_silu_kernel() {
     let state0 = random(c * (w - 1), 8, 0.0, 1.0);
     let (tb, sb) = (g.upload_new(&taps).unwrap(), g.upload_new(&state0).unwrap());
     let mut cpu_state = state0.clone();
-    // a prefill of 70 tokens, then one decode token, continuing the state
-    for (step, t) in [(0u64, 70usize), (1, 1)] {
+    // prefills of 70 tokens (strips of 16 and a ragged one), 2 (fewer than
+    // the history), 1 and 300, each continuing the state
+    for (step, t) in [(0u64, 70usize), (1, 2), (2, 1), (3, 300)] {
         let x = random(t * c, 9 + step, 0.0, 1.0);
         let (xb, ob) = (g.upload_new(&x).unwrap(), g.alloc(t * c * 4).unwrap());
         conv_silu(&g, xb.ptr, sb.ptr, tb.ptr, ob.ptr, t, c, w).unwrap();

@@ -5,23 +5,37 @@
 #include "common.cuh"
 #define DK 128
 
-// One thread per channel. mixed: [T, C] f32 pre-conv; state: [C, W-1] f32
-// (oldest first); w: [C, W] f32; out: [T, C] f32 = silu(conv).
+// The causal conv of a prefill chunk: mixed: [T, C] f32 pre-conv; state:
+// [C, W-1] f32 (oldest first), updated to the chunk's last W-1 inputs; w:
+// [C, W] f32; out: [T, C] f32 = silu(conv). Grid (ceil(C / blockDim.x),
+// ceil(T / CONV_STRIP)): thread (c, s) computes tokens [s, s + 1) * CONV_STRIP
+// of channel c, reading the W-1 inputs before its strip from `mixed`, so every
+// token of the chunk runs at once (one thread a channel walking all T tokens
+// left the GPU nearly idle). Only strip 0 reads the old state (W-1 <=
+// CONV_STRIP) and only it writes the new one: no thread reads a state another
+// writes. The sum is in gdn_decode_kernel's order (conv4_silu), so the bits
+// match the decode step's.
+#define CONV_STRIP 16
 extern "C" __global__ void conv_silu_kernel(const float* __restrict__ mixed, float* __restrict__ state,
                                             const float* __restrict__ w, float* __restrict__ out,
                                             int T, int C, int W) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    const int t0 = blockIdx.y * CONV_STRIP;
     // the layer's conv state and weights before the PDL wait (no earlier kernel of the step writes them)
     float hist[8];  // W <= 8
     float wc[8];
     if (c < C) {
-        for (int j = 0; j < W - 1; j++) hist[j] = __ldcg(state + (long)c * (W - 1) + j);
+        if (t0 == 0)
+            for (int j = 0; j < W - 1; j++) hist[j] = __ldcg(state + (long)c * (W - 1) + j);
         for (int j = 0; j < W; j++) wc[j] = w[(long)c * W + j];
     }
     pdl_wait();
     pdl_trigger();
     if (c >= C) return;
-    for (int t = 0; t < T; t++) {
+    if (t0 > 0)  // t0 >= CONV_STRIP >= W - 1: the inputs before the strip are the chunk's
+        for (int j = 0; j < W - 1; j++) hist[j] = __ldcg(mixed + (long)(t0 - (W - 1) + j) * C + c);
+    const int t1 = min(T, t0 + CONV_STRIP);
+    for (int t = t0; t < t1; t++) {
         float x = __ldcg(mixed + (long)t * C + c);
         float acc = wc[W - 1] * x;
         for (int j = 0; j < W - 1; j++) acc += wc[j] * hist[j];
@@ -29,6 +43,9 @@ extern "C" __global__ void conv_silu_kernel(const float* __restrict__ mixed, flo
         if (W > 1) hist[W - 2] = x;
         out[(long)t * C + c] = siluf_(acc);
     }
+    if (t0 != 0) return;
+    if (T > CONV_STRIP)  // the chunk's last W-1 inputs (T - W + 1 > 0)
+        for (int j = 0; j < W - 1; j++) hist[j] = __ldcg(mixed + (long)(T - (W - 1) + j) * C + c);
     for (int j = 0; j < W - 1; j++) state[(long)c * (W - 1) + j] = hist[j];
 }
 

@@ -7,6 +7,9 @@ use super::gdn_chunked::GDN_DK;
 use super::Kernel;
 use crate::gpu::{Arg, Gpu};
 
+/// Tokens a `conv_silu_kernel` thread computes (CONV_STRIP in gdn.cu).
+const CONV_STRIP: usize = 16;
+
 /// The causal conv1d + SiLU of `t` tokens over `c` channels of width `w`
 /// (`conv_silu_kernel`): out[t, c] = silu(sum_j taps[c, j] x[t - w + 1 + j, c]),
 /// the history [c, w - 1] f32 (oldest first) before the first token and
@@ -28,7 +31,7 @@ pub fn conv_silu(
     }
     gpu.launch(
         Kernel::ConvSilu,
-        (c.div_ceil(128) as u32, 1, 1),
+        (c.div_ceil(128) as u32, t.div_ceil(CONV_STRIP).max(1) as u32, 1),
         (128, 1, 1),
         0,
         &[
