@@ -36,7 +36,7 @@ def ask(server, messages, n=8):
 def test_turns_reuse_the_history_and_answer_as_without_cache(servers):
     cached, plain = servers
     msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Where is parcel 1?" + DETAIL}]
-    prev_prompt = 0
+    prev_prompt, before = 0, 0
     for turn in range(3):
         answer, prompt, hit = ask(cached, msgs)
         want, want_prompt, want_hit = ask(plain, msgs)
@@ -48,13 +48,14 @@ def test_turns_reuse_the_history_and_answer_as_without_cache(servers):
             # resumed at least at the last turn's answer header (the template
             # renders a past answer without the generation prompt's tail)
             assert prev_prompt - 8 <= hit < prompt, (turn, hit, prompt, prev_prompt)
-        prev_prompt = prompt
+        before, prev_prompt = prev_prompt, prompt
         msgs += [{"role": "assistant", "content": answer}, {"role": "user", "content": f"And parcel {turn + 2}?" + DETAIL}]
-    # regenerate the last turn with another message: the history before it is reused
+    # regenerate the last turn with another message: the history is reused up
+    # to the previous answer's header (no mark at the last message's start)
     msgs[-1] = {"role": "user", "content": "Never mind: what are your opening hours?" + DETAIL}
     answer, prompt, hit = ask(cached, msgs)
     assert answer == ask(plain, msgs)[0]
-    assert prev_prompt - 8 <= hit < prompt, (hit, prompt, prev_prompt)
+    assert before - 8 <= hit < prompt, (hit, prompt, before)
     # another conversation on the same system prompt resumes after it, not after the first conversation
     other = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Do you ship to Norway?"}]
     answer, prompt, hit = ask(cached, other)

@@ -206,11 +206,12 @@ impl<St, Sn> Sequences<St, Sn> {
 /// The chat-message boundaries worth a snapshot in a rendered chat prompt
 /// (a message starts at a `start` token, `<|im_start|>`):
 /// - the end of the first message: a system prompt other conversations share;
-/// - the start of the last message before the answer's header: a turn
-///   regenerated with another message parts there;
 /// - the start of the answer's header: the next turn parts there when the
 ///   template renders this answer without the generation prompt's tail (an
 ///   empty or stripped think block), as Qwen's does for past turns.
+/// Not the start of the last message: every mark splits the prefill into one
+/// more segment (each reads the expert weights), and a turn regenerated with
+/// another message still resumes at the previous answer's header.
 pub fn chat_marks(prompt: &[u32], start: u32) -> Vec<usize> {
     let at: Vec<usize> = prompt
         .iter()
@@ -220,7 +221,7 @@ pub fn chat_marks(prompt: &[u32], start: u32) -> Vec<usize> {
         .collect();
     let mut marks = Vec::new();
     if at.len() >= 2 {
-        marks.extend([at[1], at[at.len() - 2], at[at.len() - 1]]);
+        marks.extend([at[1], at[at.len() - 1]]);
     }
     marks.retain(|&m| m > 0);
     marks.sort_unstable();
@@ -262,7 +263,7 @@ mod tests {
         let s = 7;
         // system, user, assistant, user, assistant header
         let p = [s, 1, 1, s, 2, 2, s, 3, 3, s, 4, 4, s, 5];
-        assert_eq!(chat_marks(&p, s), vec![3, 9, 12]);
+        assert_eq!(chat_marks(&p, s), vec![3, 12]);
         assert_eq!(chat_marks(&[s, 1, s, 2], s), vec![2]);
         assert!(chat_marks(&[1, 2, 3], s).is_empty());
         assert!(chat_marks(&[s, 1, 2], s).is_empty());
