@@ -131,3 +131,61 @@ fn cpu_matches_transformers_on_every_fixture() {
         failures.join("\n")
     );
 }
+
+/// Block-FP8 checkpoints (`fixtures/models-fp8`, official layout: F8_E4M3
+/// weights with bf16 or f32 `weight_scale_inv`, partial blocks, sharded)
+/// against transformers in f32 on the exactly dequantized weights. The CPU
+/// dequantizes exactly (an e4m3 code times a bf16 scale fits an f32), so the
+/// only difference left is summation order: `FP8_TOL` of the largest logit,
+/// where ignoring the scales or misplacing a block moves the logits by 0.1-0.3
+/// of it (the fixtures' README, column "unquant").
+const FP8_TOL: f32 = 1e-5;
+
+#[test]
+fn fp8_checkpoints_match_transformers_on_the_dequantized_weights() {
+    let root = fixtures().join("../models-fp8");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+        .expect("fixtures/models-fp8 missing")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("reference.safetensors").exists())
+        .collect();
+    dirs.sort();
+    assert_eq!(dirs.len(), 3, "expected the 3 committed FP8 cases");
+    let mut report = Vec::new();
+    let mut failures = Vec::new();
+    for dir in &dirs {
+        let name = dir.file_name().unwrap().to_string_lossy().to_string();
+        let (cfg, w) = lily_model::load_dir(dir).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        assert!(
+            matches!(w.format, lily_model::WeightFormat::Fp8Block { .. }),
+            "{name}: {:?}",
+            w.format
+        );
+        let v = cfg.vocab_size;
+        let model = CpuModel::new(cfg, w).with_f32_activations();
+        let r = reference(dir);
+        let t = r.tokens.len();
+        let max_logit = r.logits.iter().fold(0f32, |a, x| a.max(x.abs()));
+        for decode_from in [t, t - 7, 1] {
+            let got = run(&model, &r.tokens, decode_from);
+            assert_eq!(got.len(), t * v);
+            let diff = got
+                .iter()
+                .zip(&r.logits)
+                .fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+            let rel = diff / max_logit;
+            report.push(format!(
+                "{name:24} decode_from {decode_from:3}: max|diff| {diff:.2e}, /max|logit| {rel:.2e}"
+            ));
+            if rel > FP8_TOL {
+                failures.push(report.last().unwrap().clone());
+            }
+        }
+    }
+    println!("{}", report.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "outside FP8_TOL {FP8_TOL:e}:\n{}",
+        failures.join("\n")
+    );
+}

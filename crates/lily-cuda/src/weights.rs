@@ -139,6 +139,13 @@ impl Uploader<'_> {
                 let rows_of = matches!(m.t.storage, Storage::ProceduralRows(_)).then_some(m.cols);
                 crate::kernels::embed::procedural_fill(self.gpu, dst, *p, start, n, rows_of)
             }
+            Storage::Quantized(_) => {
+                bail!(
+                    "a quantized {} matrix {:?} reached the bf16 upload",
+                    m.t.dtype.name(),
+                    m.t.shape
+                )
+            }
             Storage::Bytes { .. } => {
                 let bytes = m.t.bytes().unwrap();
                 let sz = m.t.dtype.size();

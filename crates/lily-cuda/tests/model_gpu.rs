@@ -63,7 +63,7 @@ fn procedural_mat(rows: usize, cols: usize, seed: u64, std: f32) -> Mat {
 fn generator(m: &Mat) -> Procedural {
     match &m.t.storage {
         Storage::Procedural(p) | Storage::ProceduralRows(p) => *p,
-        Storage::Bytes { .. } => unreachable!("a procedural matrix"),
+        Storage::Bytes { .. } | Storage::Quantized(_) => unreachable!("a procedural matrix"),
     }
 }
 

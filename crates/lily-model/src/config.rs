@@ -61,6 +61,13 @@ pub struct Config {
     pub eos_token_ids: Vec<u32>,
 }
 
+/// config.json as JSON.
+pub fn read_json(path: &Path) -> Result<Value> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {} as JSON", path.display()))
+}
+
 impl Config {
     pub fn num_layers(&self) -> usize {
         self.layer_kinds.len()
@@ -82,10 +89,7 @@ impl Config {
     }
 
     pub fn from_file(path: &Path) -> Result<Config> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let v: Value = serde_json::from_str(&text)
-            .with_context(|| format!("parsing {} as JSON", path.display()))?;
+        let v = read_json(path)?;
         Config::from_json(&v).with_context(|| format!("invalid config {}", path.display()))
     }
 

@@ -7,6 +7,7 @@ pub mod chat_template;
 pub mod config;
 pub mod forward;
 pub mod ops;
+pub mod quant;
 pub mod sampling;
 pub mod tensor;
 pub mod tokenizer;
@@ -14,10 +15,11 @@ pub mod weights;
 
 use std::path::Path;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 pub use config::{Config, LayerKind};
 pub use forward::Forward;
+pub use quant::WeightFormat;
 pub use tensor::{DType, Mat, Tensor};
 pub use weights::Weights;
 
@@ -72,8 +74,12 @@ pub fn load_dir(dir: &Path) -> Result<(Config, Weights)> {
     if !dir.is_dir() {
         anyhow::bail!("model directory {} does not exist", dir.display());
     }
-    let cfg = Config::from_file(&dir.join("config.json"))?;
-    let ck = weights::Checkpoint::open(dir)?;
+    let path = dir.join("config.json");
+    let cfg = Config::from_file(&path)?;
+    let format = config::read_json(&path)
+        .and_then(|v| WeightFormat::from_config(&v))
+        .with_context(|| format!("invalid config {}", path.display()))?;
+    let ck = weights::Checkpoint::open(dir, format)?;
     let w = ck.weights(&cfg)?;
     Ok((cfg, w))
 }

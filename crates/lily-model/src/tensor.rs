@@ -6,11 +6,16 @@ use std::sync::Arc;
 
 use anyhow::{bail, Result};
 
+use crate::quant::Quantized;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DType {
     BF16,
     F16,
     F32,
+    /// float8_e4m3fn: the codes of a block-FP8 matrix (`quant`); never an
+    /// activation dtype.
+    F8E4M3,
 }
 
 impl DType {
@@ -18,6 +23,7 @@ impl DType {
         match self {
             DType::BF16 | DType::F16 => 2,
             DType::F32 => 4,
+            DType::F8E4M3 => 1,
         }
     }
 
@@ -26,6 +32,7 @@ impl DType {
             DType::BF16 => "BF16",
             DType::F16 => "F16",
             DType::F32 => "F32",
+            DType::F8E4M3 => "F8_E4M3",
         }
     }
 
@@ -34,7 +41,8 @@ impl DType {
             safetensors::Dtype::BF16 => DType::BF16,
             safetensors::Dtype::F16 => DType::F16,
             safetensors::Dtype::F32 => DType::F32,
-            other => bail!("unsupported dtype {other:?} (expected BF16, F16 or F32)"),
+            safetensors::Dtype::F8_E4M3 => DType::F8E4M3,
+            other => bail!("unsupported dtype {other:?} (expected BF16, F16, F32, or F8_E4M3 with block scales)"),
         })
     }
 }
@@ -54,7 +62,8 @@ pub fn round_f16(x: f32) -> f32 {
 /// Round a whole activation buffer to `dt` in place (no-op for f32).
 pub fn round_to(dt: DType, xs: &mut [f32]) {
     match dt {
-        DType::F32 => {}
+        // (F8E4M3 is a storage format; `Weights::dtype` is never it)
+        DType::F32 | DType::F8E4M3 => {}
         DType::BF16 => xs.iter_mut().for_each(|x| *x = round_bf16(*x)),
         DType::F16 => xs.iter_mut().for_each(|x| *x = round_f16(*x)),
     }
@@ -124,6 +133,8 @@ pub enum Storage {
     /// Procedural with a per-row power-of-two scale (`Procedural::value_rows`):
     /// the spread of row norms a trained output head has.
     ProceduralRows(Procedural),
+    /// Codes and per-block scales (`quant`); the tensor's dtype is the codes'.
+    Quantized(Arc<Quantized>),
 }
 
 /// A host tensor. Row-major, contiguous.
@@ -181,7 +192,15 @@ impl Tensor {
     pub fn bytes(&self) -> Option<&[u8]> {
         match &self.storage {
             Storage::Bytes { buf, offset, len } => Some(&(**buf).as_ref()[*offset..*offset + *len]),
-            Storage::Procedural(_) | Storage::ProceduralRows(_) => None,
+            Storage::Procedural(_) | Storage::ProceduralRows(_) | Storage::Quantized(_) => None,
+        }
+    }
+
+    /// The codes and scales of a quantized tensor.
+    pub fn quantized(&self) -> Option<&Quantized> {
+        match &self.storage {
+            Storage::Quantized(q) => Some(q),
+            _ => None,
         }
     }
 
@@ -198,6 +217,10 @@ impl Tensor {
                 for (k, o) in out.iter_mut().enumerate() {
                     *o = p.value_rows((start + k) as u64, cols);
                 }
+            }
+            Storage::Quantized(q) => {
+                let cols = *self.shape.last().unwrap_or(&1);
+                q.read_f32(cols, start, out)
             }
             Storage::Bytes { .. } => {
                 let b = self.bytes().unwrap();
@@ -219,7 +242,7 @@ impl Tensor {
     /// many times and fits in memory, as for the tiny synthetic model).
     pub fn materialize(&self) -> Tensor {
         match &self.storage {
-            Storage::Bytes { .. } => self.clone(),
+            Storage::Bytes { .. } | Storage::Quantized(_) => self.clone(),
             Storage::Procedural(_) | Storage::ProceduralRows(_) => {
                 use rayon::prelude::*;
                 let n = self.numel();
@@ -266,6 +289,12 @@ pub fn widen(dt: DType, src: &[u8], out: &mut [f32]) {
         DType::F32 => {
             for (o, c) in out.iter_mut().zip(src.chunks_exact(4)) {
                 *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        DType::F8E4M3 => {
+            let t = &*crate::quant::E4M3;
+            for (o, &b) in out.iter_mut().zip(src) {
+                *o = t[b as usize];
             }
         }
     }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 
 use crate::config::{Config, LayerKind};
+use crate::quant::{self, TensorMap, WeightFormat};
 use crate::tensor::{DType, Mat, Procedural, Storage, Tensor};
 
 /// One SwiGLU FFN: `down(silu(gate x) * up x)`.
@@ -96,21 +97,26 @@ pub struct Weights {
     /// [V, D]
     pub lm_head: Mat,
     pub layers: Vec<LayerWeights>,
-    /// dtype of the linear weights; activations are rounded to it between ops,
-    /// as HF runs the model in this dtype.
+    /// dtype of the dense weights (the embeddings'); activations are rounded
+    /// to it between ops, as HF runs the model in this dtype.
     pub dtype: DType,
+    /// How the checkpoint stores its linear weights (config.json).
+    pub format: WeightFormat,
 }
 
 /// The tensors of a checkpoint directory, opened and header-checked, by name.
 pub struct Checkpoint {
     pub dir: PathBuf,
-    tensors: HashMap<String, (Arc<Tensor>, PathBuf)>,
+    pub format: WeightFormat,
+    tensors: TensorMap,
     /// "model.language_model." (released) or "model." (text-only)
     prefix: String,
 }
 
 impl Checkpoint {
-    pub fn open(dir: &Path) -> Result<Checkpoint> {
+    /// Map every shard of `dir` and join quantized weights with their scales
+    /// (`format`: what config.json declares).
+    pub fn open(dir: &Path, format: WeightFormat) -> Result<Checkpoint> {
         let index = dir.join("model.safetensors.index.json");
         let files: Vec<PathBuf> = if index.exists() {
             let text = std::fs::read_to_string(&index)
@@ -191,6 +197,16 @@ impl Checkpoint {
             bar.inc(1);
         }
         bar.finish_and_clear();
+        let mut errs = Vec::new();
+        quant::pair(format, &mut tensors, dir, &mut errs);
+        if !errs.is_empty() {
+            bail!(
+                "checkpoint {} ({}): {}",
+                dir.display(),
+                format.describe(),
+                problems(errs)
+            );
+        }
         let prefix = if tensors
             .keys()
             .any(|k| k.starts_with("model.language_model."))
@@ -201,6 +217,7 @@ impl Checkpoint {
         };
         Ok(Checkpoint {
             dir: dir.to_path_buf(),
+            format,
             tensors,
             prefix: prefix.to_string(),
         })
@@ -359,27 +376,27 @@ impl Checkpoint {
             }
         }
         if !errs.is_empty() {
-            let n = errs.len();
-            errs.truncate(20);
-            let more = if n > 20 {
-                format!("\n  ... and {} more", n - 20)
-            } else {
-                String::new()
-            };
             bail!(
-                "checkpoint {} does not match its config ({n} problem(s)):\n  - {}{more}",
+                "checkpoint {} does not match its config: {}",
                 self.where_(),
-                errs.join("\n  - ")
+                problems(errs)
             );
         }
         let (embed, lm_head, norm) = (embed.unwrap(), lm_head.unwrap(), norm.unwrap());
-        let dtype = lm_head.t.dtype;
+        // the activations' dtype: the dense embeddings' (HF runs an FP8
+        // checkpoint in the dtype of its unquantized tensors)
+        let dtype = [&embed, &lm_head]
+            .into_iter()
+            .map(|m| m.t.dtype)
+            .find(|d| *d != DType::F8E4M3)
+            .unwrap_or(DType::BF16);
         Ok(Weights {
             embed,
             norm,
             lm_head,
             layers,
             dtype,
+            format: self.format,
         })
     }
 
@@ -447,7 +464,7 @@ impl Checkpoint {
 
 /// Open one safetensors file: memory-map it, check its header and that every
 /// tensor's bytes lie inside the file, and register the tensors we may use.
-fn open_shard(path: &Path, out: &mut HashMap<String, (Arc<Tensor>, PathBuf)>) -> Result<()> {
+fn open_shard(path: &Path, out: &mut TensorMap) -> Result<()> {
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     // SAFETY: the checkpoint is read-only for the engine's lifetime; a file
     // truncated underneath a running process is outside what we defend against.
@@ -624,7 +641,20 @@ pub fn synthetic(cfg: &Config, seed: u64) -> Weights {
         lm_head,
         layers,
         dtype: DType::BF16,
+        format: WeightFormat::Dense,
     }
+}
+
+/// Problems as one message: the count, then the first 20, one a line.
+fn problems(mut errs: Vec<String>) -> String {
+    let n = errs.len();
+    errs.truncate(20);
+    let more = if n > 20 {
+        format!("\n  ... and {} more", n - 20)
+    } else {
+        String::new()
+    };
+    format!("{n} problem(s):\n  - {}{more}", errs.join("\n  - "))
 }
 
 impl Weights {
