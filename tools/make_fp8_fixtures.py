@@ -35,7 +35,10 @@ No real weights are involved. For each case the script
    router logits and choices, prefill + 5 cached decode steps), all in f32;
 5. writes the FP8 checkpoint (config.json with a top-level `quantization_config`,
    generation_config.json, one or more safetensors files, index json when sharded) and
-   `reference.safetensors`;
+   `reference.safetensors`; for `fp8-tiny` also the unquantized base it was quantized from
+   (`fp8-tiny-base/`: same names and layout, each FP8 weight as its base-dtype values W, no
+   scales, no quantization_config, no reference), asserted to re-quantize with `quantize` to
+   exactly the codes and scales written to fp8-tiny;
 6. verifies: reads the written files back, dequantizes them with an independent per-block loop
    and checks every parameter bit-equal to the reference model; loads the directory with
    transformers' own FP8 support (`Qwen3_5MoeForCausalLM.from_pretrained`, which on a CPU-only
@@ -163,6 +166,8 @@ CASES = [
 ]
 
 BAD_BASE = "fp8-tiny"
+# case -> directory of its unquantized base checkpoint (for a load-time quantization test; not a case)
+UNQUANT_BASE = {"fp8-tiny": "fp8-tiny-base"}
 # name -> (description, expected behaviour)
 BAD_VARIANTS = {
     "bad-missing-scale-inv": (
@@ -375,11 +380,15 @@ def run_case(fc: Fp8Case) -> dict:
 
         # 2./3. quantize per the rule; everything else in the base dtype (exact: values are base-dtype values)
         ckpt, deq, quantized = {}, {}, []
+        base_w = {}  # FP8 weight name -> its pre-quantization base-dtype values W
         err_rel = 0.0
         for k in sorted(rel):
             t = rel[k]
             if is_fp8(k, t, skip_set):
                 w = t.to(torch.float32)
+                b = t.to(base_dt)
+                assert torch.equal(b.to(torch.float32), w), f"{k} is not exactly representable in {c.dtype}"
+                base_w[k] = b
                 q, s = quantize(w, scale_dt)
                 ckpt[k] = q
                 ckpt[k[: -len("weight")] + "weight_scale_inv"] = s
@@ -441,6 +450,9 @@ def run_case(fc: Fp8Case) -> dict:
         "generator": f"{GENERATOR} case={c.name} torch={torch.__version__} transformers={transformers.__version__}",
     })
 
+    if c.name in UNQUANT_BASE:
+        write_unquant_base(OUT_ROOT / UNQUANT_BASE[c.name], case_dir, cfg, gen_cfg, ckpt, base_w, c, scale_dt)
+
     # 6. checks
     check_files(case_dir, c, ckpt, ref_model)
     hf = check_hf_fp8_load(case_dir, c, ref_model, tokens, logits, quantized, ckpt)
@@ -496,6 +508,64 @@ def run_case(fc: Fp8Case) -> dict:
         "unquantized_vs_fp8_logits_max_abs_diff", "bf16_dequant_vs_exact_logits_max_abs_diff",
         "hf_fp8_load_params_bit_equal", "hf_fp8_load_logits_max_abs_diff", "bytes")}), flush=True)
     return info
+
+
+def _has_key(obj, key: str) -> bool:
+    if isinstance(obj, dict):
+        return key in obj or any(_has_key(v, key) for v in obj.values())
+    if isinstance(obj, list):
+        return any(_has_key(v, key) for v in obj)
+    return False
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bits (bit-for-bit comparison, also for -0.0 / NaN)."""
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def write_unquant_base(dst: Path, case_dir: Path, cfg: dict, gen_cfg: str, ckpt: dict, base_w: dict, c: Case,
+                       scale_dt: torch.dtype) -> None:
+    """The base checkpoint the case was quantized from: the case's config without
+    `quantization_config`, the same generation_config, and one model.safetensors with every tensor
+    of the case under the same name, each FP8 weight replaced by its base-dtype values W and no
+    weight_scale_inv. No reference.safetensors (not a case). Asserts that `quantize` on the
+    tensors read back from it reproduces the codes and scales read back from the case's files."""
+    print(f"   + {dst.name}", flush=True)
+    if dst.exists():
+        shutil.rmtree(dst)
+    dst.mkdir(parents=True)
+    base_dt = getattr(torch, c.dtype)
+    bcfg = {k: v for k, v in cfg.items() if k != "quantization_config"}
+    assert not _has_key(bcfg, "quantization_config")
+    (dst / "config.json").write_text(json.dumps(bcfg, indent=2) + "\n")
+    (dst / "generation_config.json").write_text(gen_cfg)
+    scales = {k for k in ckpt if k.endswith(".weight_scale_inv")}
+    assert {k[: -len("weight_scale_inv")] + "weight" for k in scales} == set(base_w)
+    tensors = {k: (base_w[k] if k in base_w else ckpt[k]) for k in ckpt if k not in scales}
+    save_file({k: tensors[k].contiguous() for k in sorted(tensors)}, str(dst / "model.safetensors"),
+              metadata={"format": "pt"})
+
+    # checks: files read back, against the case's files read back
+    assert sorted(p.name for p in dst.iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
+    got, case = load_all(dst), load_all(case_dir)
+    assert set(got) == set(case) - scales, set(got) ^ (set(case) - scales)
+    assert (dst / "generation_config.json").read_bytes() == (case_dir / "generation_config.json").read_bytes()
+    ccfg = json.loads((case_dir / "config.json").read_text())
+    assert json.loads((dst / "config.json").read_text()) == {k: v for k, v in ccfg.items() if k != "quantization_config"}
+    for k, t in got.items():
+        assert t.dtype == base_dt, (k, t.dtype)
+        assert tuple(t.shape) == tuple(case[k].shape), (k, t.shape, case[k].shape)
+        if k not in base_w:
+            assert torch.equal(t, case[k]) and torch.equal(t, ckpt[k]), k
+            continue
+        assert case[k].dtype == FP8, k
+        sk = k[: -len("weight")] + "weight_scale_inv"
+        q, s = quantize(t.to(torch.float32), scale_dt)
+        assert s.dtype == case[sk].dtype == scale_dt, (sk, s.dtype, case[sk].dtype)
+        assert torch.equal(_bits(q), _bits(case[k])), f"{dst.name}: re-quantized {k} != {case_dir.name}"
+        assert torch.equal(_bits(s), _bits(case[sk])), f"{dst.name}: re-quantized {sk} != {case_dir.name}"
+        assert torch.equal(_bits(q), _bits(ckpt[k])) and torch.equal(_bits(s), _bits(ckpt[sk])), k
+    print(f"     {len(base_w)} FP8 weights re-quantize bit-equal to {case_dir.name}; {len(got)} tensors", flush=True)
 
 
 def assert_quantized_roles(quantized: list, c: Case) -> None:
@@ -668,6 +738,16 @@ def write_readme(infos: list, bad: list) -> None:
             f"{'bit-equal' if i['hf_fp8_load_params_bit_equal'] else _g(i['hf_fp8_load_params_max_abs_diff'], '.3f')} / "
             f"{_g(i['hf_fp8_load_logits_max_abs_diff'], '.3g')} | {i['hf_text_class_logits_max_abs_diff']:.1f} |")
     bad_rows = [f"| `{b['name']}` | {b['defect']} | {b['expected']} |" for b in bad]
+    dtypes = {i["name"]: i["dtype"] for i in infos}
+    base_paras = [
+        f"**Unquantized base** (`{d}`, not a case: no `reference.safetensors`, not in `cases.json`): the checkpoint\n"
+        f"`{n}` was quantized from — the same `config.json` without `quantization_config`, the same\n"
+        f"`generation_config.json` and one `model.safetensors` holding every tensor of `{n}` under the same name\n"
+        f"and layout, except that each FP8 weight is stored as its pre-quantization values W ({dtypes[n]}) and\n"
+        f"there are no `weight_scale_inv` tensors ({sum(p.stat().st_size for p in (OUT_ROOT / d).iterdir()) / 1024:.0f} KiB). "
+        f"For load-time quantization tests: the rule above applied to it\n"
+        f"must give `{n}`'s codes and scales bit for bit (the generator asserts this on the files read back)."
+        for n, d in UNQUANT_BASE.items()]
     total = sum(p.stat().st_size for p in OUT_ROOT.rglob("*") if p.is_file())
     text = f"""# FP8 golden model fixtures (`qwen3_5_moe`, fine-grained FP8 like `Qwen/Qwen3.6-35B-A3B-FP8`)
 
@@ -830,6 +910,8 @@ independent block loop and checked bit-equal to the reference model's parameters
 the large `mtp.fc` dummy of the BF16 fixtures is left out to save space. In `fp8-bf16scale-sharded`,
 `model.language_model.layers.0.mlp.experts.1.down_proj.weight_scale_inv` is deliberately in another
 shard than its weight.
+
+{chr(10).join(base_paras)}
 
 ## 3. Cases
 

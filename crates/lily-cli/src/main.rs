@@ -60,6 +60,12 @@ pub struct ModelArgs {
     pub synthetic: Option<String>,
 }
 
+/// A format to quantize dense weights into at load.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Quantize {
+    Fp8,
+}
+
 /// Where the model runs, and how.
 #[derive(Args, Clone, Debug)]
 pub struct DeviceArgs {
@@ -81,6 +87,10 @@ pub struct DeviceArgs {
     /// weights fewer times per prompt, and activation memory grows with it
     #[arg(long, default_value_t = lily_cuda::CudaOptions::default().prefill_chunk)]
     pub prefill_chunk: usize,
+    /// Quantize a dense model at load: `fp8` stores the matrices Qwen's FP8
+    /// releases quantize as they do (e4m3, a bf16 scale per 128x128 block)
+    #[arg(long)]
+    pub quantize: Option<Quantize>,
 }
 
 impl DeviceArgs {
@@ -99,7 +109,19 @@ impl DeviceArgs {
 
     /// [`DeviceArgs::load`] with settings the caller adjusted (`lily bench`'s diagnostics).
     pub fn load_with(&self, m: &ModelArgs, o: &LoadOptions, verbose: bool) -> Result<Backend> {
-        let (cfg, w) = m.source().load()?;
+        if self.quantize.is_some()
+            && o.device != Device::Cpu
+            && lily_cuda::gpu::cuda_available().is_ok()
+        {
+            anyhow::bail!(
+                "--quantize fp8 runs on the CPU backend only so far (--device cpu): the CUDA \
+                 kernels read bf16 weights"
+            );
+        }
+        let (cfg, mut w) = m.source().load()?;
+        if self.quantize == Some(Quantize::Fp8) {
+            w = w.quantize_fp8()?;
+        }
         Backend::load(cfg, w, o, verbose)
     }
 }

@@ -28,6 +28,9 @@ pub struct ServeArgs {
     /// activation memory
     #[arg(long, default_value_t = lily_cuda::CudaOptions::default().prefill_chunk)]
     pub prefill_chunk: usize,
+    /// Quantize a dense model at load (`fp8`: as Qwen's FP8 releases)
+    #[arg(long)]
+    pub quantize: Option<crate::Quantize>,
     /// Address to bind (loopback by default; 0.0.0.0 exposes the server to the network)
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -105,6 +108,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             max_seq: gpu_seq,
             greedy_head: a.greedy_head,
             prefill_chunk: a.prefill_chunk,
+            quantize: a.quantize,
         },
     )?;
     let cache_mib = match a.prompt_cache_mib {

@@ -41,6 +41,10 @@ fn reference(case: &str) -> (Vec<u32>, Vec<f32>) {
 
 /// `lily logits` on the CPU in f32; Ok(logits) or Err(stderr). Never a panic.
 fn logits(dir: &Path, tokens: &[u32]) -> Result<Vec<f32>, String> {
+    logits_with(dir, tokens, &[])
+}
+
+fn logits_with(dir: &Path, tokens: &[u32], extra: &[&str]) -> Result<Vec<f32>, String> {
     let ids: Vec<String> = tokens.iter().map(|t| t.to_string()).collect();
     let out_path = std::env::temp_dir().join(format!(
         "lily-fp8-{}-{}.safetensors",
@@ -52,6 +56,7 @@ fn logits(dir: &Path, tokens: &[u32]) -> Result<Vec<f32>, String> {
         .arg(dir)
         .args(["--tokens", &ids.join(","), "--out"])
         .arg(&out_path)
+        .args(extra)
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr).to_string();
@@ -66,8 +71,12 @@ fn logits(dir: &Path, tokens: &[u32]) -> Result<Vec<f32>, String> {
 }
 
 fn check(dir: &Path, case: &str) {
+    check_with(dir, case, &[])
+}
+
+fn check_with(dir: &Path, case: &str, extra: &[&str]) {
     let (tokens, want) = reference(case);
-    let got = logits(dir, &tokens).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let got = logits_with(dir, &tokens, extra).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     assert_eq!(got.len(), want.len());
     let max_logit = want.iter().fold(0f32, |a, x| a.max(x.abs()));
     let diff = got
@@ -263,4 +272,25 @@ fn fp8_tensors_without_a_quantization_config_are_refused() {
         "{err}"
     );
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `--quantize fp8` on the bf16 model fp8-tiny was quantized from
+/// (`fp8-tiny-base`, written by the same script) makes the same codes and
+/// scales bit for bit, so the same logits as the FP8 checkpoint's reference.
+#[test]
+fn quantizing_at_load_matches_the_released_rule() {
+    check_with(
+        &fixtures().join("fp8-tiny-base"),
+        "fp8-tiny",
+        &["--quantize", "fp8"],
+    );
+    // and quantizing an FP8 checkpoint again is refused
+    let (tokens, _) = reference("fp8-tiny");
+    let err = logits_with(
+        &fixtures().join("fp8-tiny"),
+        &tokens,
+        &["--quantize", "fp8"],
+    )
+    .unwrap_err();
+    assert!(err.contains("already"), "{err}");
 }

@@ -299,6 +299,90 @@ pub fn pair(format: WeightFormat, map: &mut TensorMap, dir: &Path, errs: &mut Ve
     }
 }
 
+/// `x` as float8_e4m3fn, rounded to nearest even and saturated to +-448
+/// (PTX `cvt.rn.satfinite.e4m3x2.f32`, torch's cast after a clamp); NaN stays NaN.
+pub fn to_e4m3(x: f32) -> u8 {
+    if x.is_nan() {
+        return 0x7f;
+    }
+    let sign = if x.is_sign_negative() { 0x80 } else { 0 };
+    let a = x.abs();
+    if a >= 448.0 {
+        return sign | 0x7e;
+    }
+    // the binade's exponent, at least the subnormals' -6; `a` in units of the
+    // e4m3 spacing there, 2^(e - 3) (a power-of-two scaling: exact)
+    let e = ((a.to_bits() >> 23) as i32 - 127).max(-6);
+    let n = (a * ((3 - e) as f32).exp2()).round_ties_even() as u8;
+    // n < 8: a subnormal code; else exponent e with mantissa n - 8 (n = 16
+    // carries into the next binade by the same sum)
+    sign | if n < 8 {
+        n
+    } else {
+        (((e + 7) as u8) << 3) + n - 8
+    }
+}
+
+/// A dense [rows, cols] matrix as block FP8 with the rule of Qwen's releases
+/// (and DeepSeek-V3's): per block, s = amax / 448 rounded to bf16 (1 for an
+/// all-zero block), codes e4m3(w / s). `row` reads row r widened to f32.
+pub fn quantize_fp8_block(rows: usize, cols: usize, row: &dyn Fn(usize, &mut [f32])) -> Tensor {
+    let [br, bc] = FP8_BLOCK;
+    let (sr, sc) = (rows.div_ceil(br), cols.div_ceil(bc));
+    let mut codes = vec![0u8; rows * cols];
+    let mut scale_f32 = vec![0f32; sr * sc];
+    let mut band = vec![0f32; br * cols];
+    for b in 0..sr {
+        let r0 = b * br;
+        let n = br.min(rows - r0);
+        for i in 0..n {
+            row(r0 + i, &mut band[i * cols..(i + 1) * cols]);
+        }
+        for c in 0..sc {
+            let (c0, c1) = (c * bc, ((c + 1) * bc).min(cols));
+            let amax = (0..n)
+                .flat_map(|i| &band[i * cols + c0..i * cols + c1])
+                .fold(0f32, |m, x| m.max(x.abs()));
+            let s = if amax == 0.0 {
+                1.0
+            } else {
+                crate::tensor::round_bf16(amax / 448.0)
+            };
+            scale_f32[b * sc + c] = s;
+            for i in 0..n {
+                for col in c0..c1 {
+                    codes[(r0 + i) * cols + col] = to_e4m3(band[i * cols + col] / s);
+                }
+            }
+        }
+    }
+    let scale_bytes: Vec<u8> = scale_f32
+        .iter()
+        .flat_map(|x| half::bf16::from_f32(*x).to_bits().to_le_bytes())
+        .collect();
+    let owned = |dtype: DType, shape: Vec<usize>, bytes: Vec<u8>| Tensor {
+        dtype,
+        shape,
+        storage: Storage::Bytes {
+            len: bytes.len(),
+            buf: Arc::new(bytes),
+            offset: 0,
+        },
+    };
+    let q = Quantized {
+        scheme: Scheme::Fp8Block { block: FP8_BLOCK },
+        codes: owned(DType::F8E4M3, vec![rows, cols], codes),
+        scales: owned(DType::BF16, vec![sr, sc], scale_bytes),
+        scale_f32,
+        scale_cols: sc,
+    };
+    Tensor {
+        dtype: DType::F8E4M3,
+        shape: vec![rows, cols],
+        storage: Storage::Quantized(Arc::new(q)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -376,6 +460,76 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(e.contains(needle), "{e}");
+        }
+    }
+
+    #[test]
+    fn e4m3_rounding_is_nearest_even_and_saturates() {
+        let t = &*E4M3;
+        // every finite code round-trips, both signs
+        for b in 0..=255u8 {
+            if b & 0x7f != 0x7f {
+                assert_eq!(
+                    to_e4m3(t[b as usize]),
+                    b,
+                    "code {b:#04x} = {}",
+                    t[b as usize]
+                );
+            }
+        }
+        // midpoints between neighbours go to the even code; just off them, to the nearer
+        for b in 0..0x7eu8 {
+            let (lo, hi) = (t[b as usize], t[b as usize + 1]);
+            let mid = (lo + hi) / 2.0; // exact: one more bit than e4m3
+            let even = if b % 2 == 0 { b } else { b + 1 };
+            assert_eq!(to_e4m3(mid), even, "midpoint of {b:#04x}");
+            assert_eq!(to_e4m3(-mid), even | 0x80);
+            assert_eq!(to_e4m3(f32::from_bits(mid.to_bits() - 1)), b);
+            assert_eq!(to_e4m3(f32::from_bits(mid.to_bits() + 1)), b + 1);
+        }
+        assert_eq!(to_e4m3(1000.0), 0x7e);
+        assert_eq!(to_e4m3(-460.0), 0xfe);
+        assert_eq!(to_e4m3(f32::INFINITY), 0x7e);
+        assert_eq!(to_e4m3(1e-30), 0x00);
+        assert_eq!(to_e4m3(-0.0), 0x80);
+        assert_eq!(to_e4m3(f32::NAN), 0x7f);
+    }
+
+    #[test]
+    fn quantized_blocks_hold_every_weight_to_half_a_step() {
+        // 200 x 300: partial blocks both ways; rows of different magnitudes,
+        // one all-zero block (rows 128.., columns 256..)
+        let (rows, cols) = (200usize, 300usize);
+        let w = |r: usize, c: usize| -> f32 {
+            if r >= 128 && c >= 256 {
+                return 0.0;
+            }
+            let x = ((r * 7919 + c * 104_729) % 1000) as f32 / 500.0 - 1.0;
+            x * (1 + r % 5) as f32 * 0.01
+        };
+        let t = quantize_fp8_block(rows, cols, &|r, out| {
+            for (c, o) in out.iter_mut().enumerate() {
+                *o = w(r, c);
+            }
+        });
+        let q = t.quantized().unwrap();
+        assert_eq!(q.scales.shape, vec![2, 3]);
+        assert_eq!(q.scale_f32[5], 1.0, "an all-zero block's scale is 1");
+        let mut row = vec![0f32; cols];
+        for r in 0..rows {
+            t.read_f32(r * cols, &mut row);
+            for (c, &got) in row.iter().enumerate() {
+                let s = q.scale_f32[(r / 128) * 3 + c / 128];
+                let x = w(r, c) / s; // within +-448 (the scale is amax/448, rounded)
+                                     // e4m3 keeps 3 mantissa bits: half a step is 2^-4 of the value
+                                     // (2^-10 in the subnormal range), times the scale
+                let step = (x.abs().max(2f32.powi(-6))).log2().floor().exp2() / 16.0;
+                assert!(
+                    (got - w(r, c)).abs() <= step * s * 1.0001,
+                    "[{r}, {c}]: {} -> {got}",
+                    w(r, c)
+                );
+            }
         }
     }
 }

@@ -658,6 +658,48 @@ fn problems(mut errs: Vec<String>) -> String {
 }
 
 impl Weights {
+    /// The matrices Qwen's FP8 releases store as block FP8, quantized here
+    /// with the releases' rule (`quant::quantize_fp8_block`): the attention
+    /// projections, the GDN's in_proj_qkv, in_proj_z and out_proj, every
+    /// expert and the shared expert. The embeddings, the lm_head, the router,
+    /// the shared expert's gate, the GDN's in_proj_a/b and the vectors stay
+    /// as they are, as in the releases.
+    pub fn quantize_fp8(mut self) -> Result<Weights> {
+        if self.format != WeightFormat::Dense {
+            bail!("the weights are {} already", self.format.describe());
+        }
+        let mut mats: Vec<&mut Mat> = Vec::new();
+        for l in &mut self.layers {
+            match &mut l.mixer {
+                MixerWeights::Attention(a) => {
+                    mats.extend([&mut a.q_proj, &mut a.k_proj, &mut a.v_proj, &mut a.o_proj])
+                }
+                MixerWeights::Gdn(g) => {
+                    mats.extend([&mut g.in_proj_qkv, &mut g.in_proj_z, &mut g.out_proj])
+                }
+            }
+            for x in l
+                .moe
+                .experts
+                .iter_mut()
+                .chain(std::iter::once(&mut l.moe.shared))
+            {
+                mats.extend([&mut x.gate, &mut x.up, &mut x.down]);
+            }
+        }
+        {
+            use rayon::prelude::*;
+            mats.par_iter_mut().for_each(|m| {
+                let t = quant::quantize_fp8_block(m.rows, m.cols, &|r, out| m.row_f32(r, out));
+                **m = Mat::whole(Arc::new(t));
+            });
+        }
+        self.format = WeightFormat::Fp8Block {
+            block: quant::FP8_BLOCK,
+        };
+        Ok(self)
+    }
+
     /// Materialise procedural tensors into bf16 bytes when the whole model is
     /// small enough that reading memory beats regenerating values.
     pub fn materialize_small(self, max_bytes: usize) -> Weights {
