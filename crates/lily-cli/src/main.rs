@@ -109,15 +109,6 @@ impl DeviceArgs {
 
     /// [`DeviceArgs::load`] with settings the caller adjusted (`lily bench`'s diagnostics).
     pub fn load_with(&self, m: &ModelArgs, o: &LoadOptions, verbose: bool) -> Result<Backend> {
-        if self.quantize.is_some()
-            && o.device != Device::Cpu
-            && lily_cuda::gpu::cuda_available().is_ok()
-        {
-            anyhow::bail!(
-                "--quantize fp8 runs on the CPU backend only so far (--device cpu): the CUDA \
-                 kernels read bf16 weights"
-            );
-        }
         let (cfg, mut w) = m.source().load()?;
         if self.quantize == Some(Quantize::Fp8) {
             w = w.quantize_fp8()?;

@@ -43,6 +43,51 @@ impl DevBuf {
     }
 }
 
+/// A weight matrix as the kernels read it: bf16, or block FP8 (`data` holds
+/// e4m3 codes, a byte each, and `scales` f32 [rows / 128, cols / 128]
+/// row-major, the scale rows of stacked matrices stacked in the same order).
+/// Derefs to its data, so code that handles bf16 only reads it as a `DevBuf`.
+pub struct DevMat {
+    pub data: DevBuf,
+    pub scales: Option<DevBuf>,
+}
+
+impl DevMat {
+    pub fn bf16(data: DevBuf) -> DevMat {
+        DevMat { data, scales: None }
+    }
+
+    pub fn is_fp8(&self) -> bool {
+        self.scales.is_some()
+    }
+
+    /// The scales' address; 0 (a null pointer to the kernels) for bf16.
+    pub fn scales_ptr(&self) -> u64 {
+        self.scales.as_ref().map_or(0, |s| s.ptr)
+    }
+
+    /// Bytes a weight takes: 2 (bf16) or 1 (e4m3).
+    pub fn elem_bytes(&self) -> usize {
+        if self.is_fp8() {
+            1
+        } else {
+            2
+        }
+    }
+
+    /// Bytes of the codes and the scales.
+    pub fn total_bytes(&self) -> usize {
+        self.data.bytes + self.scales.as_ref().map_or(0, |s| s.bytes)
+    }
+}
+
+impl std::ops::Deref for DevMat {
+    type Target = DevBuf;
+    fn deref(&self) -> &DevBuf {
+        &self.data
+    }
+}
+
 /// Page-locked host memory mapped into the device's address space: a kernel
 /// stores into it directly (a decode step's chosen id), so the host reads the
 /// value once that kernel is done, without a copy queued behind later work.

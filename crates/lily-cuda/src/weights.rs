@@ -1,14 +1,18 @@
-//! Weights on the device, uploaded once in bf16 and re-laid for the kernels:
-//! experts fused per layer ([E, 2F, D] gate|up, [E, D, F] down), the router
-//! extended by the shared-expert gate row, in_proj_b and in_proj_a stacked,
-//! norm weights stored as f32 `1 + w`.
+//! Weights on the device, uploaded once and re-laid for the kernels: experts
+//! fused per layer ([E, 2F, D] gate|up, [E, D, F] down), the router extended
+//! by the shared-expert gate row, in_proj_b and in_proj_a stacked, norm
+//! weights stored as f32 `1 + w`. Matrices are bf16, or block FP8 where the
+//! checkpoint stores them so and a kernel reads FP8 (`DevMat`: the mixers'
+//! projections and the experts; codes as stored, scales widened to f32);
+//! a quantized matrix anywhere else is dequantized to bf16 at upload.
 
 use anyhow::{bail, Result};
+use lily_model::quant::{Scheme, FP8_BLOCK};
 use lily_model::tensor::{widen, Storage};
 use lily_model::weights::{Ffn, MixerWeights};
 use lily_model::{Config, Mat, Weights};
 
-use crate::gpu::{DevBuf, Gpu};
+use crate::gpu::{DevBuf, DevMat, Gpu};
 use crate::kernels::attention::{attention_prefill_check, Heads};
 use crate::kernels::gdn::gdn_decode_check;
 use crate::kernels::gdn_chunked::{gdn_chunked_check, GDN_DK};
@@ -16,12 +20,12 @@ use crate::kernels::moe::MoeDims;
 
 pub struct DevAttention {
     /// [Hq * Dh * 2, D]
-    pub q: DevBuf,
+    pub q: DevMat,
     /// [Hkv * Dh, D]
-    pub k: DevBuf,
-    pub v: DevBuf,
+    pub k: DevMat,
+    pub v: DevMat,
     /// [D, Hq * Dh]
-    pub o: DevBuf,
+    pub o: DevMat,
     /// [Dh] f32, 1 + w
     pub q_norm: DevBuf,
     pub k_norm: DevBuf,
@@ -29,11 +33,11 @@ pub struct DevAttention {
 
 pub struct DevGdn {
     /// [C, D]
-    pub qkv: DevBuf,
+    pub qkv: DevMat,
     /// [Hv * Dv, D]
-    pub z: DevBuf,
-    /// [2 Hv, D]: in_proj_b rows, then in_proj_a rows
-    pub ba: DevBuf,
+    pub z: DevMat,
+    /// [2 Hv, D]: in_proj_b rows, then in_proj_a rows (bf16)
+    pub ba: DevMat,
     /// [C, W] f32
     pub conv: DevBuf,
     /// [Hv] f32
@@ -42,7 +46,7 @@ pub struct DevGdn {
     /// [Dv] f32 (plain weight)
     pub norm: DevBuf,
     /// [D, Hv * Dv]
-    pub out: DevBuf,
+    pub out: DevMat,
 }
 
 pub enum DevMixer {
@@ -58,13 +62,13 @@ pub struct DevLayer {
     /// [E + 1, D]: the router, then the shared expert's gate row
     pub router: DevBuf,
     /// [E, 2F, D]
-    pub gate_up: DevBuf,
+    pub gate_up: DevMat,
     /// [E, D, F]
-    pub down: DevBuf,
+    pub down: DevMat,
     /// [2 Fs, D]
-    pub shared_gate_up: DevBuf,
+    pub shared_gate_up: DevMat,
     /// [D, Fs]
-    pub shared_down: DevBuf,
+    pub shared_down: DevMat,
 }
 
 pub struct DevWeights {
@@ -119,6 +123,44 @@ struct Uploader<'a> {
 }
 
 impl Uploader<'_> {
+    /// `mats` stacked into one matrix: block FP8 when every one is (e4m3 in
+    /// 128 x 128 blocks, both sizes multiples of 128: the kernels' layout),
+    /// else bf16.
+    fn mat(&mut self, mats: &[&Mat]) -> Result<DevMat> {
+        let fp8 = mats.iter().all(|m| {
+            m.t.quantized().is_some_and(|q| {
+                q.scheme == Scheme::Fp8Block { block: FP8_BLOCK }
+                    && m.row0 == 0
+                    && m.rows * m.cols == m.t.numel()
+                    && m.rows.is_multiple_of(128)
+                    && m.cols.is_multiple_of(128)
+            })
+        });
+        if !fp8 {
+            return Ok(DevMat::bf16(self.mats(mats)?));
+        }
+        let codes: usize = mats.iter().map(|m| m.rows * m.cols).sum();
+        let data = self.gpu.alloc(codes)?;
+        let scales = self.gpu.alloc(codes / (128 * 128) * 4)?;
+        let (mut off, mut soff) = (0usize, 0usize);
+        for m in mats {
+            let q = m.t.quantized().expect("checked above");
+            let bytes = q.codes.bytes().expect("FP8 codes are bytes");
+            for (i, chunk) in bytes.chunks(1 << 26).enumerate() {
+                self.gpu.upload(data.at(off + (i << 26)), chunk)?;
+                self.gpu.sync()?;
+            }
+            self.gpu.upload(scales.at(soff), &q.scale_f32)?;
+            off += bytes.len();
+            soff += q.scale_f32.len() * 4;
+        }
+        self.gpu.sync()?;
+        Ok(DevMat {
+            data,
+            scales: Some(scales),
+        })
+    }
+
     /// Write `mats` one after the other (rows stacked) into a new bf16 buffer.
     fn mats(&mut self, mats: &[&Mat]) -> Result<DevBuf> {
         let total: usize = mats.iter().map(|m| m.rows * m.cols).sum();
@@ -140,11 +182,23 @@ impl Uploader<'_> {
                 crate::kernels::embed::procedural_fill(self.gpu, dst, *p, start, n, rows_of)
             }
             Storage::Quantized(_) => {
-                bail!(
-                    "a quantized {} matrix {:?} reached the bf16 upload",
-                    m.t.dtype.name(),
-                    m.t.shape
-                )
+                // where no kernel reads this matrix quantized: dequantized
+                // on the host, rounded to bf16 (as transformers does without
+                // FP8 kernels)
+                let per = 1 << 22;
+                let mut f = vec![0f32; per];
+                let mut i0 = 0;
+                while i0 < n {
+                    let k = per.min(n - i0);
+                    m.t.read_f32(start + i0, &mut f[..k]);
+                    self.stage.clear();
+                    self.stage
+                        .extend(f[..k].iter().map(|x| half::bf16::from_f32(*x).to_bits()));
+                    self.gpu.upload(dst + (i0 * 2) as u64, &self.stage)?;
+                    self.gpu.sync()?;
+                    i0 += k;
+                }
+                Ok(())
             }
             Storage::Bytes { .. } => {
                 let bytes = m.t.bytes().unwrap();
@@ -184,7 +238,16 @@ impl Uploader<'_> {
         self.gpu.upload_new(&w)
     }
 
-    fn experts(&mut self, ex: &[Ffn], f: usize, d: usize) -> Result<(DevBuf, DevBuf)> {
+    fn experts(&mut self, ex: &[Ffn], f: usize, d: usize) -> Result<(DevMat, DevMat)> {
+        let gate_up: Vec<&Mat> = ex.iter().flat_map(|x| [&x.gate, &x.up]).collect();
+        let down: Vec<&Mat> = ex.iter().map(|x| &x.down).collect();
+        if gate_up
+            .iter()
+            .chain(&down)
+            .all(|m| m.t.quantized().is_some())
+        {
+            return Ok((self.mat(&gate_up)?, self.mat(&down)?));
+        }
         let e = ex.len();
         let gu = self.gpu.alloc(e * 2 * f * d * 2)?;
         let dn = self.gpu.alloc(e * d * f * 2)?;
@@ -193,7 +256,7 @@ impl Uploader<'_> {
             self.mat_into(&x.up, gu.at((i * 2 * f * d + f * d) * 2))?;
             self.mat_into(&x.down, dn.at(i * d * f * 2))?;
         }
-        Ok((gu, dn))
+        Ok((DevMat::bf16(gu), DevMat::bf16(dn)))
     }
 }
 
@@ -243,6 +306,16 @@ pub(crate) fn moe_dims(cfg: &Config) -> MoeDims {
     }
 }
 
+/// `mats` stacked into one device matrix as `upload` lays a projection out:
+/// block FP8 when every one is (codes as stored, f32 scales), else bf16.
+pub fn upload_mat(gpu: &Gpu, mats: &[&Mat]) -> Result<DevMat> {
+    let mut up = Uploader {
+        gpu,
+        stage: Vec::new(),
+    };
+    up.mat(mats)
+}
+
 pub fn upload(
     gpu: &Gpu,
     cfg: &Config,
@@ -263,22 +336,22 @@ pub fn upload(
     for (i, l) in w.layers.iter().enumerate() {
         let mixer = match &l.mixer {
             MixerWeights::Attention(a) => DevMixer::Attention(DevAttention {
-                q: up.mats(&[&a.q_proj])?,
-                k: up.mats(&[&a.k_proj])?,
-                v: up.mats(&[&a.v_proj])?,
-                o: up.mats(&[&a.o_proj])?,
+                q: up.mat(&[&a.q_proj])?,
+                k: up.mat(&[&a.k_proj])?,
+                v: up.mat(&[&a.v_proj])?,
+                o: up.mat(&[&a.o_proj])?,
                 q_norm: up.one_plus(&a.q_norm)?,
                 k_norm: up.one_plus(&a.k_norm)?,
             }),
             MixerWeights::Gdn(g) => DevMixer::Gdn(DevGdn {
-                qkv: up.mats(&[&g.in_proj_qkv])?,
-                z: up.mats(&[&g.in_proj_z])?,
-                ba: up.mats(&[&g.in_proj_b, &g.in_proj_a])?,
+                qkv: up.mat(&[&g.in_proj_qkv])?,
+                z: up.mat(&[&g.in_proj_z])?,
+                ba: DevMat::bf16(up.mats(&[&g.in_proj_b, &g.in_proj_a])?),
                 conv: up.f32s(&g.conv1d)?,
                 a_log: up.f32s(&g.a_log)?,
                 dt_bias: up.f32s(&g.dt_bias)?,
                 norm: up.f32s(&g.norm)?,
-                out: up.mats(&[&g.out_proj])?,
+                out: up.mat(&[&g.out_proj])?,
             }),
         };
         // router rows, then the shared-expert gate as row E
@@ -292,8 +365,8 @@ pub fn upload(
             .collect();
         gpu.upload(router.at(cfg.num_experts * d * 2), &sg)?;
         let (gate_up, down) = up.experts(&l.moe.experts, f, d)?;
-        let shared_gate_up = up.mats(&[&l.moe.shared.gate, &l.moe.shared.up])?;
-        let shared_down = up.mats(&[&l.moe.shared.down])?;
+        let shared_gate_up = up.mat(&[&l.moe.shared.gate, &l.moe.shared.up])?;
+        let shared_down = up.mat(&[&l.moe.shared.down])?;
         layers.push(DevLayer {
             input_norm: up.one_plus(&l.input_norm)?,
             post_norm: up.one_plus(&l.post_norm)?,

@@ -14,10 +14,13 @@ mod support;
 use lily_cpu::ops::linear::linear;
 use lily_cpu::ops::norm::rmsnorm1p;
 use lily_cpu::{CpuModel, Logits};
+use lily_cuda::gpu::DevMat;
 use lily_cuda::kernels::embed::procedural_fill;
 use lily_cuda::kernels::gemv::{gemv, gemv3, gemv_add, Normed, Projection};
 use lily_cuda::kernels::moe::{router_decode, router_topk};
+use lily_cuda::weights::upload_mat;
 use lily_cuda::{CudaModel, CudaOptions, CudaState, GreedyHead};
+use lily_model::quant::quantize_fp8_block;
 use lily_model::sampling::argmax;
 use lily_model::tensor::{Procedural, Storage, Tensor};
 use lily_model::{DType, Mat, ModelSource};
@@ -188,11 +191,27 @@ fn router_topk_matches_the_cpu() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn full4_forward_matches_the_cpu() {
+    full4_forward(false);
+}
+
+/// `full4_forward_matches_the_cpu` with the weights quantized to block FP8
+/// as Qwen's FP8 releases are (`Weights::quantize_fp8`: the mixers'
+/// projections and every expert): decode reads the codes exactly, prefill
+/// rounds each dequantized weight to bf16, both within the bf16 tolerances
+/// of the CPU on the same quantized weights.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn full4_fp8_forward_matches_the_cpu() {
+    full4_forward(true);
+}
+
+fn full4_forward(fp8: bool) {
     // (`gpu()`: Gpu::new(0, &GpuOptions::default()), the product's setting)
     let g = gpu();
     let (cfg, w) = ModelSource::Synthetic("full4".into())
         .load_procedural()
         .unwrap();
+    let w = if fp8 { w.quantize_fp8().unwrap() } else { w };
     let v = cfg.vocab_size;
     let toks: Vec<u32> = (0..150u64)
         .map(|i| ((i * 2_654_435_761 + 977) % 248_077) as u32)
@@ -223,7 +242,7 @@ fn full4_forward_matches_the_cpu() {
         .filter(|&i| argmax(&got[i * v..(i + 1) * v]) == argmax(&want[i * v..(i + 1) * v]))
         .count();
     eprintln!(
-        "full4: logits relative L2 {e:.3e}, top-1 {agree}/{}",
+        "full4 (fp8 {fp8}): logits relative L2 {e:.3e}, top-1 {agree}/{}",
         toks.len()
     );
     assert!(e < FULL4_LOGITS_TOL, "logits relative L2 {e}");
@@ -460,18 +479,41 @@ fn router_decode_matches_the_cpu() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gemv3_matches_the_cpu() {
+    gemv3_check(false);
+}
+
+/// `gemv3` as an FP8 checkpoint's GDN runs it: in_proj_qkv and in_proj_z
+/// block FP8, in_proj_ba bf16, in one launch. The FP8 rows are dequantized
+/// exactly, so the bf16 tolerance holds against the CPU reading the same
+/// quantized matrices.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gemv3_fp8_matches_the_cpu() {
+    gemv3_check(true);
+}
+
+/// A matrix for the products' tests: procedural, or quantized from it (block FP8).
+fn test_mat(rows: usize, cols: usize, seed: u64, fp8: bool) -> Mat {
+    let m = procedural_mat(rows, cols, seed, 1.0 / (cols as f32).sqrt());
+    if !fp8 {
+        return m;
+    }
+    Mat::whole(Arc::new(quantize_fp8_block(rows, cols, &|r, out| {
+        m.row_f32(r, out)
+    })))
+}
+
+fn gemv3_check(fp8: bool) {
     let g = gpu();
     let (k, eps) = (2048usize, 1e-6f32);
     let ns = [8192usize, 4096, 64];
     let ws: Vec<Mat> = ns
         .iter()
         .enumerate()
-        .map(|(i, &n)| procedural_mat(n, k, 710 + i as u64, 1.0 / (k as f32).sqrt()))
+        .map(|(i, &n)| test_mat(n, k, 710 + i as u64, fp8 && i < 2))
         .collect();
-    let wbs: Vec<_> = ws
-        .iter()
-        .map(|w| g.upload_new(&bf16_bits(&w.t.to_f32_vec())).unwrap())
-        .collect();
+    let wbs: Vec<DevMat> = ws.iter().map(|w| upload_mat(&g, &[w]).unwrap()).collect();
+    assert_eq!(wbs[0].is_fp8(), fp8);
     let ys: Vec<_> = ns.iter().map(|n| g.alloc(n * 4).unwrap()).collect();
     let slot = g.alloc(32 * 8).unwrap();
     for (call, clear) in [(0u64, 30usize), (1, 0)] {
@@ -519,13 +561,25 @@ fn gemv3_matches_the_cpu() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gemv_add_matches_the_cpu() {
+    gemv_add_check(false);
+}
+
+/// `gemv_add` with a block-FP8 weight (an FP8 checkpoint's out_proj / o_proj).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gemv_add_fp8_matches_the_cpu() {
+    gemv_add_check(true);
+}
+
+fn gemv_add_check(fp8: bool) {
     let g = gpu();
     let (d, k) = (2048usize, 4096usize);
     for call in 0..3u64 {
-        let w = procedural_mat(d, k, 800 + call, 1.0 / (k as f32).sqrt());
+        let w = test_mat(d, k, 800 + call, fp8);
         let h = round_bf16(&random(k, 810 + call, 0.0, 1.0));
         let x0 = random(d, 820 + call, 0.0, 1.0);
-        let wb = g.upload_new(&bf16_bits(&w.t.to_f32_vec())).unwrap();
+        let wb = upload_mat(&g, &[&w]).unwrap();
+        assert_eq!(wb.is_fp8(), fp8);
         let hb = g.upload_new(&bf16_bits(&h)).unwrap();
         let xb = g.upload_new(&x0).unwrap();
         gemv_add(&g, &wb, hb.ptr, xb.ptr, d, k).unwrap();

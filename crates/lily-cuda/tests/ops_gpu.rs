@@ -16,7 +16,7 @@ use lily_cpu::ops::conv::causal_conv1d_silu;
 use lily_cpu::ops::moe::{ffn_seq, route};
 use lily_cpu::ops::norm::{gated_rmsnorm, rmsnorm1p};
 use lily_cpu::ops::rope;
-use lily_cuda::gpu::{DevBuf, Gpu};
+use lily_cuda::gpu::{DevMat, Gpu};
 use lily_cuda::kernels::attention::{attention, qk_prep, Attend, Heads, QkPrep, Rope};
 use lily_cuda::kernels::embed::procedural_fill;
 use lily_cuda::kernels::gdn::conv_silu;
@@ -29,6 +29,8 @@ use lily_cuda::kernels::moe_grouped::{
 };
 use lily_cuda::kernels::norm;
 use lily_cuda::kernels::sampling::{greedy_finish, greedy_lm_head};
+use lily_cuda::weights::upload_mat;
+use lily_model::quant::quantize_fp8_block;
 use lily_model::tensor::{Procedural, Tensor};
 use lily_model::weights::Ffn;
 use lily_model::{DType, Mat};
@@ -297,13 +299,15 @@ const MOE: MoeDims = MoeDims {
 };
 
 /// One MoE layer's expert weights: procedural streams filled on the device,
-/// and the same streams as CPU matrices.
+/// and the same streams as CPU matrices; or (`Experts::fp8`) those streams
+/// quantized to block FP8 on the host, the codes and scales uploaded and the
+/// CPU reading the quantized matrices (exactly dequantized).
 struct Experts {
-    /// [e, 2f, d], [e, d, f], [2fs, d], [d, fs] bf16
-    gate_up: DevBuf,
-    down: DevBuf,
-    shared_gate_up: DevBuf,
-    shared_down: DevBuf,
+    /// [e, 2f, d], [e, d, f], [2fs, d], [d, fs]
+    gate_up: DevMat,
+    down: DevMat,
+    shared_gate_up: DevMat,
+    shared_down: DevMat,
     cpu_gate_up: Mat,
     cpu_down: Mat,
     cpu_shared: Ffn,
@@ -321,7 +325,7 @@ impl Experts {
         let fill = |p: Procedural, n: usize| {
             let b = g.alloc(n * 2).unwrap();
             procedural_fill(g, b.ptr, p, 0, n, None).unwrap();
-            b
+            DevMat::bf16(b)
         };
         let mat =
             |p: Procedural, shape: Vec<usize>| Mat::whole(Arc::new(Tensor::procedural(shape, p)));
@@ -338,6 +342,44 @@ impl Experts {
                 up: sgu.rows(fs, fs),
                 down: mat(psdn, vec![d, fs]),
             },
+        }
+    }
+
+    /// The same streams as block FP8 (the rule of Qwen's releases,
+    /// `quantize_fp8_block`): each stacked matrix quantized whole, which for
+    /// sizes that are multiples of 128 is each expert's own blocks.
+    fn fp8(g: &Gpu) -> Experts {
+        let MoeDims { d, e, f, fs, .. } = MOE;
+        let p = |seed: u64, std: f32| Procedural {
+            seed,
+            mean: 0.0,
+            std,
+        };
+        let q = |p: Procedural, rows: usize, cols: usize| {
+            let m = Mat::whole(Arc::new(Tensor::procedural(vec![rows, cols], p)));
+            Mat::whole(Arc::new(quantize_fp8_block(rows, cols, &|r, out| {
+                m.row_f32(r, out)
+            })))
+        };
+        let (gu, dn) = (q(p(31, 0.022), e * 2 * f, d), q(p(32, 0.044), e * d, f));
+        let (sgu, sdn) = (q(p(33, 0.022), 2 * fs, d), q(p(34, 0.044), d, fs));
+        let up = |m: &Mat| {
+            let dm = upload_mat(g, &[m]).unwrap();
+            assert!(dm.is_fp8(), "uploaded as block FP8");
+            dm
+        };
+        Experts {
+            gate_up: up(&gu),
+            down: up(&dn),
+            shared_gate_up: up(&sgu),
+            shared_down: up(&sdn),
+            cpu_shared: Ffn {
+                gate: sgu.rows(0, fs),
+                up: sgu.rows(fs, fs),
+                down: sdn,
+            },
+            cpu_gate_up: gu,
+            cpu_down: dn,
         }
     }
 
@@ -377,8 +419,21 @@ impl Experts {
 #[ignore = "needs a CUDA GPU"]
 fn moe_experts() {
     let g = gpu();
+    moe_experts_with(&g, &Experts::new(&g));
+}
+
+/// `moe_experts` with block-FP8 experts: the decode kernels dequantize
+/// exactly (codes widened, each 16-code chunk's sum scaled in f32), so the
+/// same tolerances hold against the CPU reading the same quantized matrices.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn moe_experts_fp8() {
+    let g = gpu();
+    moe_experts_with(&g, &Experts::fp8(&g));
+}
+
+fn moe_experts_with(g: &Gpu, experts: &Experts) {
     let MoeDims { d, e, k, f, fs } = MOE;
-    let experts = Experts::new(&g);
     let x = round_bf16(&random(d, 35, 0.0, 1.0));
     let resid = random(d, 36, 0.0, 1.0);
     // The logits are rounded to halves, so the top 8 hold exact ties, which
@@ -562,10 +617,23 @@ fn grouped_routing(t: usize, k: usize) -> Vec<i32> {
 #[ignore = "needs a CUDA GPU"]
 fn moe_grouped_prefill() {
     let g = gpu();
+    moe_grouped_prefill_with(&g, &Experts::new(&g));
+}
+
+/// `moe_grouped_prefill` with block-FP8 experts: the grouped GEMMs
+/// dequantize each code to bf16(code x scale) in their main loop, a bf16
+/// rounding of every weight (2^-9 relative), within TOL_GROUPED_BF16.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn moe_grouped_prefill_fp8() {
+    let g = gpu();
+    moe_grouped_prefill_with(&g, &Experts::fp8(&g));
+}
+
+fn moe_grouped_prefill_with(g: &Gpu, experts: &Experts) {
     let MoeDims { d, e, k, f, fs } = MOE;
     let t = GROUPED_TOKENS;
     let pairs = t * k;
-    let experts = Experts::new(&g);
     let x = round_bf16(&random(t * d, 40, 0.0, 1.0));
     let resid = random(t * d, 41, 0.0, 1.0);
     let idx = grouped_routing(t, k);
@@ -734,14 +802,8 @@ fn moe_grouped_prefill() {
             "gate/up of expert {ex} ({c} rows): {err}"
         );
     }
-    let sgu = Mat::whole(Arc::new(lily_model::tensor::Tensor::procedural(
-        vec![2 * fs, d],
-        Procedural {
-            seed: 33,
-            mean: 0.0,
-            std: 0.022,
-        },
-    )));
+    // (the shared gate and up rows are one matrix, [2fs, d])
+    let sgu = Mat::whole(experts.cpu_shared.gate.t.clone());
     let mut want = Vec::new();
     for ti in 0..t {
         want.extend(swiglu(&sgu, 0, fs, &x[ti * d..(ti + 1) * d]));

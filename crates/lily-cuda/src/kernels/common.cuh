@@ -474,6 +474,117 @@ __device__ __forceinline__ float decode_dot(const bf16* __restrict__ w, DecodeIn
     }
 }
 
+// ---- Block FP8 weights (W8A16) ----
+// A block-FP8 matrix [N, K] (quant.rs of lily-model: Qwen's -FP8 releases) is
+// N x K e4m3 codes, a byte each, row-major, and an f32 scale per 128 x 128
+// block, [N / 128, K / 128] row-major (N and K multiples of 128 on the GPU):
+// w[n][k] = e4m3(code) * scale[n / 128][k / 128]. A decode lane holds 16-byte
+// chunks of 16 codes at columns lane * 16 + 512 c, so its chunk c lies in the
+// scale column lane / 8 + 4 c. The codes widen exactly (e4m3 -> f16 -> f32),
+// each chunk's 16 products sum in f32 and the chunk's sum is scaled once:
+// the weights are never rounded to bf16.
+
+// Two e4m3 codes (the first in the low byte), widened exactly.
+__device__ __forceinline__ float2 e4m3x2_f32(unsigned short v) {
+    unsigned h;
+    float lo, hi;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(v));
+    asm("{\n\t.reg .f16 fl, fh;\n\tmov.b32 {fl, fh}, %2;\n\tcvt.f32.f16 %0, fl;\n\tcvt.f32.f16 %1, fh;\n\t}"
+        : "=f"(lo), "=f"(hi)
+        : "r"(h));
+    return make_float2(lo, hi);
+}
+
+// sum_i e4m3(w_i) x_i over the 16 codes of a chunk, in index order.
+__device__ __forceinline__ float dot16_e4m3(uint4 w, const float (&x)[16]) {
+    unsigned ww[4] = {w.x, w.y, w.z, w.w};
+    float acc = 0.f;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        float2 a = e4m3x2_f32((unsigned short)(ww[q] & 0xffffu));
+        float2 b = e4m3x2_f32((unsigned short)(ww[q] >> 16));
+        acc += a.x * x[4 * q];
+        acc += a.y * x[4 * q + 1];
+        acc += b.x * x[4 * q + 2];
+        acc += b.y * x[4 * q + 3];
+    }
+    return acc;
+}
+
+// 16 bf16 of shared memory (16-byte aligned) widened.
+__device__ __forceinline__ void load16(const bf16* p, float (&x)[16]) {
+    load8(p, x);
+    load8(p + 8, x + 8);
+}
+// 16 bf16 an earlier kernel of the step wrote, through L2.
+__device__ __forceinline__ void load16_cg(const bf16* p, float (&x)[16]) {
+    load8_cg(p, x);
+    load8_cg(p + 8, x + 8);
+}
+
+// The lane's chunk c of an FP8 row against the staged x, scaled.
+__device__ __forceinline__ float chunk_dot_fp8(uint4 r, float s, const bf16* xs, int c) {
+    float x[16];
+    load16(xs + (threadIdx.x & 31) * 16 + 512 * c, x);
+    return s * dot16_e4m3(r, x);
+}
+
+// prefetched_dot for an FP8 row of K = 512 * NCH codes (srow: the scales of
+// its row block): the codes and their scales in flight before the PDL wait.
+template <int NCH>
+__device__ __forceinline__ float prefetched_dot_fp8(const unsigned char* __restrict__ w,
+                                                    const float* __restrict__ srow, DecodeIn x, bool ok) {
+    const int lane = threadIdx.x & 31;
+    uint4 r[NCH];
+    float s[NCH];
+    if (ok) {
+#pragma unroll
+        for (int c = 0; c < NCH; c++) {
+            r[c] = ld_weight16(w + lane * 16 + 512 * c);
+            s[c] = __ldg(srow + (lane >> 3) + 4 * c);
+        }
+    }
+    float nw[2 * NCH];
+    norm_weights_pre(x, nw);
+    pdl_wait();
+    pdl_trigger();
+    const bf16* xs = stage_input_pre(x, nw);
+    if (!ok) return 0.f;
+    float acc = 0.f;
+#pragma unroll
+    for (int c = 0; c < NCH; c++) acc += chunk_dot_fp8(r[c], s[c], xs, c);
+    return warp_sum(acc);
+}
+
+// An FP8 row of any K (a multiple of 128 up to XS_MAX) after the wait.
+__device__ __forceinline__ float unprefetched_dot_fp8(const unsigned char* __restrict__ w,
+                                                      const float* __restrict__ srow, DecodeIn x, int K, bool ok) {
+    pdl_wait();
+    pdl_trigger();
+    const bf16* xs = stage_input(x, K);
+    if (!ok) return 0.f;
+    const int lane = threadIdx.x & 31;
+    float acc = 0.f;
+    for (int k = lane * 16; k < K; k += 512) {
+        float xv[16];
+        load16(xs + k, xv);
+        acc += __ldg(srow + k / 128) * dot16_e4m3(ld_weight16(w + k), xv);
+    }
+    return warp_sum(acc);
+}
+
+// decode_dot for an FP8 row.
+__device__ __forceinline__ float decode_dot_fp8(const unsigned char* __restrict__ w, const float* __restrict__ srow,
+                                                DecodeIn x, int K, bool ok) {
+    switch (K) {
+        case 512: return prefetched_dot_fp8<1>(w, srow, x, ok);
+        case 1024: return prefetched_dot_fp8<2>(w, srow, x, ok);
+        case 2048: return prefetched_dot_fp8<4>(w, srow, x, ok);
+        case 4096: return prefetched_dot_fp8<8>(w, srow, x, ok);
+        default: return unprefetched_dot_fp8(w, srow, x, K, ok);
+    }
+}
+
 // decode_dot for a kernel whose K is almost always 256 * NCH (the hidden
 // size): a kernel's register count is that of its largest path, and the
 // 16-chunk path (115 registers) would cap a 2048-wide product at two blocks
@@ -481,4 +592,17 @@ __device__ __forceinline__ float decode_dot(const bf16* __restrict__ w, DecodeIn
 template <int NCH>
 __device__ __forceinline__ float decode_dot_k(const bf16* __restrict__ w, DecodeIn x, int K, bool ok) {
     return K == 256 * NCH ? prefetched_dot<NCH>(w, x, ok) : unprefetched_dot(w, x, K, ok);
+}
+
+// decode_dot_k for a row that is bf16 (scales null) or block FP8 (scales: the
+// matrix's, [N / 128, K / 128]); the format must be the same for every warp
+// of the block (both paths hold barriers). NCH as decode_dot_k's (bf16
+// chunks): the FP8 path of the same K holds half as many.
+template <int NCH>
+__device__ __forceinline__ float decode_dot_row(const void* __restrict__ w, const float* __restrict__ scales,
+                                                long row, DecodeIn x, int K, bool ok) {
+    if (!scales) return decode_dot_k<NCH>(reinterpret_cast<const bf16*>(w) + row * K, x, K, ok);
+    const unsigned char* wr = reinterpret_cast<const unsigned char*>(w) + row * K;
+    const float* srow = scales + (row / 128) * (K / 128);
+    return K == 256 * NCH ? prefetched_dot_fp8<NCH / 2>(wr, srow, x, ok) : unprefetched_dot_fp8(wr, srow, x, K, ok);
 }

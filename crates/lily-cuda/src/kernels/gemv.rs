@@ -4,7 +4,7 @@
 use anyhow::{bail, Result};
 
 use super::Kernel;
-use crate::gpu::{Arg, DevBuf, Gpu};
+use crate::gpu::{Arg, DevBuf, DevMat, Gpu};
 
 /// The largest input a decode product stages in shared memory
 /// (common.cuh XS_MAX); a normed input must fit.
@@ -24,6 +24,26 @@ fn check_weight(what: &str, w: &DevBuf, rows: usize, k: usize) -> Result<()> {
     if rows == 0 || rows > i32::MAX as usize || w.bytes < rows * k * 2 {
         bail!(
             "{what}: a weight of {} bytes for {rows} rows of {k} bf16",
+            w.bytes
+        );
+    }
+    Ok(())
+}
+
+/// A bf16 or block-FP8 weight of `rows` x `k`: its bytes, and for FP8 the
+/// shapes the kernels index by (multiples of 128, a staged input) and the
+/// scales' bytes.
+pub fn check_mat(what: &str, w: &DevMat, rows: usize, k: usize) -> Result<()> {
+    if !w.is_fp8() {
+        return check_weight(what, w, rows, k);
+    }
+    if rows == 0 || !rows.is_multiple_of(128) || !k.is_multiple_of(128) || k > STAGED_MAX {
+        bail!("{what}: a block-FP8 weight of {rows} x {k}: the kernels take multiples of 128 up to {STAGED_MAX} wide");
+    }
+    let sb = w.scales.as_ref().map_or(0, |s| s.bytes);
+    if w.bytes < rows * k || sb < (rows / 128) * (k / 128) * 4 {
+        bail!(
+            "{what}: {} bytes of codes and {sb} of scales for {rows} x {k} block FP8",
             w.bytes
         );
     }
@@ -52,7 +72,7 @@ pub fn gemv(gpu: &Gpu, w: &DevBuf, x: u64, y: u64, n: usize, k: usize) -> Result
 
 /// One of `gemv3`'s products: y [rows] f32 = w [rows, k] . input.
 pub struct Projection<'a> {
-    pub w: &'a DevBuf,
+    pub w: &'a DevMat,
     pub y: u64,
     pub rows: usize,
 }
@@ -84,10 +104,25 @@ pub fn gemv3(
     }
     let mut rows = 0usize;
     let mut args = vec![Arg::I32(k as i32)];
-    for e in &p {
-        check_weight("gemv3", e.w, e.rows, k)?;
+    for (i, e) in p.iter().enumerate() {
+        check_mat("gemv3", e.w, e.rows, k)?;
+        // a block's 8 rows read one format (the two paths hold barriers)
+        if i < 2
+            && p[i + 1].w.is_fp8() != e.w.is_fp8()
+            && !(rows + e.rows).is_multiple_of(ROWS_PER_BLOCK)
+        {
+            bail!(
+                "gemv3: bf16 and FP8 products meet at row {}, not a multiple of {ROWS_PER_BLOCK}",
+                rows + e.rows
+            );
+        }
         rows += e.rows;
-        args.extend([Arg::Ptr(e.w.ptr), Arg::Ptr(e.y), Arg::I32(e.rows as i32)]);
+        args.extend([
+            Arg::Ptr(e.w.ptr),
+            Arg::Ptr(e.w.scales_ptr()),
+            Arg::Ptr(e.y),
+            Arg::I32(e.rows as i32),
+        ]);
     }
     let (clear, words) = clear;
     if words > 256 {
@@ -110,11 +145,11 @@ pub fn gemv3(
 }
 
 /// A decode mixer's output projection with the residual add fused in
-/// (`gemv_add_kernel`): x[d] += W[d, k] h[k], `w` bf16 [d, k], `h` bf16 [k],
-/// `x` f32 [d]. The kernels that read x next norm it themselves.
-pub fn gemv_add(gpu: &Gpu, w: &DevBuf, h: u64, x: u64, d: usize, k: usize) -> Result<()> {
+/// (`gemv_add_kernel`): x[d] += W[d, k] h[k], `w` bf16 or block FP8 [d, k],
+/// `h` bf16 [k], `x` f32 [d]. The kernels that read x next norm it themselves.
+pub fn gemv_add(gpu: &Gpu, w: &DevMat, h: u64, x: u64, d: usize, k: usize) -> Result<()> {
     check_k("gemv_add", k)?;
-    check_weight("gemv_add", w, d, k)?;
+    check_mat("gemv_add", w, d, k)?;
     gpu.launch(
         Kernel::GemvAdd,
         (d.div_ceil(ROWS_PER_BLOCK) as u32, 1, 1),
@@ -122,6 +157,7 @@ pub fn gemv_add(gpu: &Gpu, w: &DevBuf, h: u64, x: u64, d: usize, k: usize) -> Re
         0,
         &[
             Arg::Ptr(w.ptr),
+            Arg::Ptr(w.scales_ptr()),
             Arg::Ptr(h),
             Arg::I32(d as i32),
             Arg::I32(k as i32),

@@ -273,17 +273,54 @@ __device__ __forceinline__ void gate_up_dots(const bf16* __restrict__ g, const b
     }
 }
 
+// gate_up_dots for block-FP8 rows of D = 512 * NCH codes (gs, us: the
+// scales of the gate and up rows' row blocks): the lane's chunks and their
+// scales in flight before x is staged.
+template <int NCH>
+__device__ __forceinline__ void gate_up_dots_fp8(const unsigned char* __restrict__ g,
+                                                 const unsigned char* __restrict__ u, const float* __restrict__ gs,
+                                                 const float* __restrict__ us, const bf16* x, bool ok, float& ag,
+                                                 float& au) {
+    const int lane = threadIdx.x & 31;
+    uint4 rg[NCH], ru[NCH];
+    float sg[NCH], su[NCH];
+    if (ok) {
+#pragma unroll
+        for (int c = 0; c < NCH; c++) {
+            rg[c] = ld_weight16(g + lane * 16 + 512 * c);
+            ru[c] = ld_weight16(u + lane * 16 + 512 * c);
+            sg[c] = __ldg(gs + (lane >> 3) + 4 * c);
+            su[c] = __ldg(us + (lane >> 3) + 4 * c);
+        }
+    }
+    pdl_wait();  // (a no-op for a routed expert: its kernel waited for the id)
+    pdl_trigger();
+    const bf16* xr = stage_xs(x, 512 * NCH);
+    ag = au = 0.f;
+    if (!ok) return;
+#pragma unroll
+    for (int c = 0; c < NCH; c++) {
+        float xv[16];
+        load16(xr + lane * 16 + 512 * c, xv);
+        ag += sg[c] * dot16_e4m3(rg[c], xv);
+        au += su[c] * dot16_e4m3(ru[c], xv);
+    }
+}
+
 // One decode token: each block of a routed slot runs the top-K of the
 // router's logits itself after the wait (route_block, ids only).
 // (At most 80 registers: three 256-thread blocks an SM, 576 blocks in 1.45
 // waves instead of 2.2. No L2 prefetch of the routed experts' down matrices
 // here: it lengthens this kernel's DRAM stream by more than the down product
 // gains; benchmarks/LEDGER.md.)
+// gu_s, sgu_s: block-FP8 experts (gate_up and shared_gate_up e4m3 codes,
+// their scales [E][2F / 128][D / 128] and [2Fs / 128][D / 128]); both null: bf16.
 extern "C" __global__ void __launch_bounds__(256, 3)
-    moe_gate_up_kernel(const bf16* __restrict__ x, const bf16* __restrict__ gate_up,
-                       const bf16* __restrict__ shared_gate_up, bf16* __restrict__ h,
+    moe_gate_up_kernel(const bf16* __restrict__ x, const void* __restrict__ gate_up,
+                       const void* __restrict__ shared_gate_up, bf16* __restrict__ h,
                        int D, int F, int Fs, int K, const float* __restrict__ logits, int E,
-                       RouteSlot* __restrict__ route, const char* __restrict__ ahead, unsigned long long n_ahead) {
+                       RouteSlot* __restrict__ route, const char* __restrict__ ahead, unsigned long long n_ahead,
+                       const float* __restrict__ gu_s, const float* __restrict__ sgu_s) {
     TRACE(moe_gate_up_kernel);
     int lane = threadIdx.x & 31;
     int f = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -303,7 +340,8 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     float ag, au;
     if (D == 2048) {
         // the routed expert's id is known only after the wait
-        const bf16* base = shared_gate_up;
+        const char* base = reinterpret_cast<const char*>(shared_gate_up);
+        const float* sbase = sgu_s;
         if (!shared) {
             pdl_wait();
             // let the down product launch now, before this block's top-K: the
@@ -315,30 +353,55 @@ extern "C" __global__ void __launch_bounds__(256, 3)
             // block (0, 1) publishes the routing (with weights) for the down product
             const bool publish = route && blockIdx.x == 0 && slot == 0;
             const long e = route_block(logits, E, K, false, nullptr, publish ? route : nullptr).idx[slot];
-            base = gate_up + e * 2 * F * D;
+            base = reinterpret_cast<const char*>(gate_up) + e * 2 * F * D * (gu_s ? 1 : 2);
+            sbase = gu_s ? gu_s + e * (2 * F / 128) * (D / 128) : nullptr;
             TRACE_MARK(21);  // (phase marks of the trace diagnostic, common.cuh)
         }
-        const bf16* g = base + (long)(ok ? f : 0) * D;
-        gate_up_dots<8>(g, g + (long)width * D, xr, ok, ag, au);
+        const long fr = ok ? f : 0;
+        if (sbase) {
+            const unsigned char* g = reinterpret_cast<const unsigned char*>(base) + fr * D;
+            gate_up_dots_fp8<4>(g, g + (long)width * D, sbase + (fr / 128) * (D / 128),
+                                sbase + ((width + fr) / 128) * (D / 128), xr, ok, ag, au);
+        } else {
+            const bf16* g = reinterpret_cast<const bf16*>(base) + fr * D;
+            gate_up_dots<8>(g, g + (long)width * D, xr, ok, ag, au);
+        }
         TRACE_MARK(22);
     } else {
         pdl_wait();
         pdl_trigger();
         const long e = shared ? 0 : route_block(logits, E, K, false).idx[slot];
         if (!ok) return;
-        const bf16* base = shared ? shared_gate_up : gate_up + e * 2 * F * D;
-        const bf16* g = base + (long)f * D;
-        const bf16* u = base + (long)(width + f) * D;
         ag = au = 0.f;
-        for (int k = lane * 8; k < D; k += 256) {
-            float a[8], b[8], c[8];
-            load8(g + k, a);
-            load8(u + k, b);
-            load8_cg(xr + k, c);
+        if (gu_s) {
+            const unsigned char* base = shared ? reinterpret_cast<const unsigned char*>(shared_gate_up)
+                                               : reinterpret_cast<const unsigned char*>(gate_up) + e * 2 * F * D;
+            const float* sb = shared ? sgu_s : gu_s + e * (2 * F / 128) * (D / 128);
+            const unsigned char* g = base + (long)f * D;
+            const unsigned char* u = base + (long)(width + f) * D;
+            const float* gs = sb + (f / 128) * (D / 128);
+            const float* us = sb + ((width + f) / 128) * (D / 128);
+            for (int k = lane * 16; k < D; k += 512) {
+                float xv[16];
+                load16_cg(xr + k, xv);
+                ag += __ldg(gs + k / 128) * dot16_e4m3(ld_weight16(g + k), xv);
+                au += __ldg(us + k / 128) * dot16_e4m3(ld_weight16(u + k), xv);
+            }
+        } else {
+            const bf16* base = shared ? reinterpret_cast<const bf16*>(shared_gate_up)
+                                      : reinterpret_cast<const bf16*>(gate_up) + e * 2 * F * D;
+            const bf16* g = base + (long)f * D;
+            const bf16* u = base + (long)(width + f) * D;
+            for (int k = lane * 8; k < D; k += 256) {
+                float a[8], b[8], c[8];
+                load8(g + k, a);
+                load8(u + k, b);
+                load8_cg(xr + k, c);
 #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                ag += a[i] * c[i];
-                au += b[i] * c[i];
+                for (int i = 0; i < 8; i++) {
+                    ag += a[i] * c[i];
+                    au += b[i] * c[i];
+                }
             }
         }
     }
@@ -376,6 +439,34 @@ __device__ __forceinline__ float moe_down_row(const bf16* __restrict__ h, const 
     return total;
 }
 
+// moe_down_row for block-FP8 experts (down_s, sdown_s: the scales of down
+// [E][D / 128][F / 128] and shared_down [D / 128][Fs / 128]).
+__device__ __forceinline__ float moe_down_row_fp8(const bf16* __restrict__ h, const unsigned char* __restrict__ down,
+                                                  const unsigned char* __restrict__ shared_down,
+                                                  const float* __restrict__ down_s,
+                                                  const float* __restrict__ sdown_s, const int* __restrict__ idx,
+                                                  const float* __restrict__ wts, int D, int F, int Fs, int K, int d) {
+    int lane = threadIdx.x & 31;
+    int hw = F > Fs ? F : Fs;
+    float total = 0.f;
+    for (int slot = 0; slot <= K; slot++) {
+        bool shared = slot == K;
+        int width = shared ? Fs : F;
+        const unsigned char* row = shared ? shared_down + (long)d * Fs : down + ((long)idx[slot] * D + d) * F;
+        const float* sr = shared ? sdown_s + (long)(d / 128) * (Fs / 128)
+                                 : down_s + ((long)idx[slot] * (D / 128) + d / 128) * (F / 128);
+        const bf16* hr = h + (long)slot * hw;
+        float acc = 0.f;
+        for (int k = lane * 16; k < width; k += 512) {
+            float xv[16];
+            load16_cg(hr + k, xv);
+            acc += __ldg(sr + k / 128) * dot16_e4m3(ld_weight16(row + k), xv);
+        }
+        total += wts[slot] * warp_sum(acc);
+    }
+    return total;
+}
+
 // Decode (one token): x[d] += sum_slot w[slot] * down_slot[d, :] . h[slot, :]
 // (the residual add fused in), grid ceil(D / 8), block 256 (a warp per output
 // d), with the RMSNorm that feeds the next layer's mixer (or the lm_head)
@@ -388,22 +479,37 @@ __device__ __forceinline__ float moe_down_row(const bf16* __restrict__ h, const 
 // take moe_down_row after the wait): a lane's 2 chunks of each of the 9 rows
 // are all in flight before the PDL wait. With w1p null there is no norm (out
 // and counter unused): the next kernels norm x themselves.
-extern "C" __global__ void moe_down_norm_kernel(const bf16* __restrict__ h, const bf16* __restrict__ down,
-                                                const bf16* __restrict__ shared_down,
+// down_s, sdown_s: block-FP8 experts (down and shared_down e4m3 codes, their
+// scales [E][D / 128][F / 128] and [D / 128][Fs / 128]); both null: bf16. An
+// FP8 row of 512 is one 16-byte chunk a lane (r[slot][0], scale sc[slot]).
+extern "C" __global__ void moe_down_norm_kernel(const bf16* __restrict__ h, const void* __restrict__ down_w,
+                                                const void* __restrict__ shared_down_w,
                                                 const float* __restrict__ logits, int E, float* __restrict__ x,
                                                 int D, int F, int Fs, int K, const float* __restrict__ w1p,
                                                 bf16* __restrict__ out, float eps, unsigned* __restrict__ counter,
-                                                const RouteSlot* __restrict__ route) {
+                                                const RouteSlot* __restrict__ route,
+                                                const float* __restrict__ down_s, const float* __restrict__ sdown_s) {
     TRACE(moe_down_norm_kernel);
     int d = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     bool ok = d < D;
     const bool fixed = F == 512 && Fs == 512 && K == 8;
+    const bool q8 = down_s != nullptr;
+    const bf16* down = reinterpret_cast<const bf16*>(down_w);
+    const bf16* shared_down = reinterpret_cast<const bf16*>(shared_down_w);
+    const unsigned char* down8 = reinterpret_cast<const unsigned char*>(down_w);
+    const unsigned char* shared_down8 = reinterpret_cast<const unsigned char*>(shared_down_w);
     uint4 r[9][2];
+    float sc[9];
     // the shared expert's rows need no routing: in flight during the top-K
     if (fixed && ok) {
-        r[8][0] = ld_weight16(shared_down + (long)d * 512 + lane * 8);
-        r[8][1] = ld_weight16(shared_down + (long)d * 512 + lane * 8 + 256);
+        if (q8) {
+            r[8][0] = ld_weight16(shared_down8 + (long)d * 512 + lane * 16);
+            sc[8] = __ldg(sdown_s + (d / 128) * 4 + (lane >> 3));
+        } else {
+            r[8][0] = ld_weight16(shared_down + (long)d * 512 + lane * 8);
+            r[8][1] = ld_weight16(shared_down + (long)d * 512 + lane * 8 + 256);
+        }
     }
     // (gate/up publishes only on its D = 2048 path)
     const Routing& rt = route_block(logits, E, K, true, D == 2048 ? route : nullptr);
@@ -411,9 +517,15 @@ extern "C" __global__ void moe_down_norm_kernel(const bf16* __restrict__ h, cons
         if (ok) {
 #pragma unroll
             for (int slot = 0; slot < 8; slot++) {
-                const bf16* row = down + ((long)rt.idx[slot] * D + d) * 512;
-                r[slot][0] = ld_weight16(row + lane * 8);
-                r[slot][1] = ld_weight16(row + lane * 8 + 256);
+                if (q8) {
+                    const long e = rt.idx[slot];
+                    r[slot][0] = ld_weight16(down8 + (e * D + d) * 512 + lane * 16);
+                    sc[slot] = __ldg(down_s + (e * (D / 128) + d / 128) * 4 + (lane >> 3));
+                } else {
+                    const bf16* row = down + ((long)rt.idx[slot] * D + d) * 512;
+                    r[slot][0] = ld_weight16(row + lane * 8);
+                    r[slot][1] = ld_weight16(row + lane * 8 + 256);
+                }
             }
         }
         pdl_wait();
@@ -425,13 +537,19 @@ extern "C" __global__ void moe_down_norm_kernel(const bf16* __restrict__ h, cons
             for (int slot = 0; slot < 9; slot++) {
                 const bf16* hr = hs + slot * 512;
                 float acc = 0.f;
+                if (q8) {
+                    float xv[16];
+                    load16(hr + lane * 16, xv);
+                    acc = sc[slot] * dot16_e4m3(r[slot][0], xv);
+                } else {
 #pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    float a[8], b[8];
-                    unpack8(r[slot][c], a);
-                    load8(hr + lane * 8 + 256 * c, b);
+                    for (int c = 0; c < 2; c++) {
+                        float a[8], b[8];
+                        unpack8(r[slot][c], a);
+                        load8(hr + lane * 8 + 256 * c, b);
 #pragma unroll
-                    for (int i = 0; i < 8; i++) acc += a[i] * b[i];
+                        for (int i = 0; i < 8; i++) acc += a[i] * b[i];
+                    }
                 }
                 total += rt.wts[slot] * warp_sum(acc);
             }
@@ -441,7 +559,8 @@ extern "C" __global__ void moe_down_norm_kernel(const bf16* __restrict__ h, cons
         pdl_wait();
         pdl_trigger();
         if (ok) {
-            float total = moe_down_row(h, down, shared_down, rt.idx, rt.wts, D, F, Fs, K, d);
+            float total = q8 ? moe_down_row_fp8(h, down8, shared_down8, down_s, sdown_s, rt.idx, rt.wts, D, F, Fs, K, d)
+                             : moe_down_row(h, down, shared_down, rt.idx, rt.wts, D, F, Fs, K, d);
             if (lane == 0) x[d] = __ldcg(x + d) + total;
         }
     }

@@ -7,7 +7,7 @@ use anyhow::{bail, Result};
 
 use super::gemv::{Normed, STAGED_MAX};
 use super::Kernel;
-use crate::gpu::{Arg, DevBuf, Gpu};
+use crate::gpu::{Arg, DevBuf, DevMat, Gpu};
 
 /// Bytes of moe.cu's `RouteSlot` (flag, pad, idx[8], wts[9]): one MoE layer's
 /// routing, published by gate/up for the down product, at the front of the
@@ -149,10 +149,10 @@ impl MoeDims {
 pub struct GateUp<'a> {
     /// the normed input [d] bf16 (`router_decode`'s `xn`)
     pub x: u64,
-    /// [e, 2f, d] bf16: each expert's f gate rows, then its f up rows
-    pub gate_up: &'a DevBuf,
-    /// [2fs, d] bf16
-    pub shared_gate_up: &'a DevBuf,
+    /// [e, 2f, d] bf16 or block FP8: each expert's f gate rows, then its f up rows
+    pub gate_up: &'a DevMat,
+    /// [2fs, d], the same format as `gate_up`
+    pub shared_gate_up: &'a DevMat,
     /// the router's logits [e + 1] f32: every routed block takes the top-K itself
     pub logits: u64,
     /// out: h [k + 1, max(f, fs)] bf16, slot k the shared expert's
@@ -165,12 +165,57 @@ pub struct GateUp<'a> {
     pub ahead: &'a DevBuf,
 }
 
+/// The experts' two weights of one decode kernel: the same format, and for
+/// block FP8 the sizes its scales index by (d, f, fs multiples of 128).
+fn check_experts(
+    what: &str,
+    dims: MoeDims,
+    w: &DevMat,
+    shared: &DevMat,
+    rows: [usize; 2],
+    cols: [usize; 2],
+) -> Result<()> {
+    let MoeDims { d, f, fs, .. } = dims;
+    let sz = w.elem_bytes();
+    if w.is_fp8() != shared.is_fp8() {
+        bail!("{what}: the routed and the shared expert in different formats");
+    }
+    if w.bytes < rows[0] * cols[0] * sz || shared.bytes < rows[1] * cols[1] * sz {
+        bail!(
+            "{what}: expert weights smaller than [{}, {}] and [{}, {}]",
+            rows[0],
+            cols[0],
+            rows[1],
+            cols[1]
+        );
+    }
+    if w.is_fp8() {
+        if !(d.is_multiple_of(128) && f.is_multiple_of(128) && fs.is_multiple_of(128)) {
+            bail!(
+                "{what}: block-FP8 experts need d, f and fs multiples of 128 (got {d}, {f}, {fs})"
+            );
+        }
+        let sb = |m: &DevMat| m.scales.as_ref().map_or(0, |s| s.bytes);
+        if sb(w) < rows[0] * cols[0] / (128 * 128) * 4
+            || sb(shared) < rows[1] * cols[1] / (128 * 128) * 4
+        {
+            bail!("{what}: block-FP8 experts with too few scales");
+        }
+    }
+    Ok(())
+}
+
 pub fn moe_gate_up(gpu: &Gpu, dims: MoeDims, a: &GateUp) -> Result<()> {
     let MoeDims { d, e, k, f, fs } = dims;
     dims.check("moe_gate_up")?;
-    if a.gate_up.bytes < e * 2 * f * d * 2 || a.shared_gate_up.bytes < 2 * fs * d * 2 {
-        bail!("moe_gate_up: expert weights smaller than {e} x 2 x {f} x {d} and 2 x {fs} x {d}");
-    }
+    check_experts(
+        "moe_gate_up",
+        dims,
+        a.gate_up,
+        a.shared_gate_up,
+        [e * 2 * f, 2 * fs],
+        [d, d],
+    )?;
     if a.route.is_some() && d != PREFETCHED_HIDDEN {
         bail!("moe_gate_up: the route slot is published on the d = {PREFETCHED_HIDDEN} path only");
     }
@@ -193,6 +238,8 @@ pub fn moe_gate_up(gpu: &Gpu, dims: MoeDims, a: &GateUp) -> Result<()> {
             Arg::Ptr(a.route.unwrap_or(0)),
             Arg::Ptr(a.ahead.ptr),
             Arg::U64(a.ahead.bytes as u64),
+            Arg::Ptr(a.gate_up.scales_ptr()),
+            Arg::Ptr(a.shared_gate_up.scales_ptr()),
         ],
     )
 }
@@ -201,10 +248,10 @@ pub fn moe_gate_up(gpu: &Gpu, dims: MoeDims, a: &GateUp) -> Result<()> {
 pub struct DownNorm<'a> {
     /// gate/up's output [k + 1, max(f, fs)] bf16
     pub h: u64,
-    /// [e, d, f] bf16
-    pub down: &'a DevBuf,
-    /// [d, fs] bf16
-    pub shared_down: &'a DevBuf,
+    /// [e, d, f] bf16 or block FP8
+    pub down: &'a DevMat,
+    /// [d, fs], the same format as `down`
+    pub shared_down: &'a DevMat,
     /// the router's logits [e + 1] f32 (each block routes from them when the
     /// route slot holds nothing)
     pub logits: u64,
@@ -222,9 +269,14 @@ pub struct DownNorm<'a> {
 pub fn moe_down_norm(gpu: &Gpu, dims: MoeDims, a: &DownNorm) -> Result<()> {
     let MoeDims { d, e, k, f, fs } = dims;
     dims.check("moe_down_norm")?;
-    if a.down.bytes < e * d * f * 2 || a.shared_down.bytes < d * fs * 2 {
-        bail!("moe_down_norm: expert weights smaller than {e} x {d} x {f} and {d} x {fs}");
-    }
+    check_experts(
+        "moe_down_norm",
+        dims,
+        a.down,
+        a.shared_down,
+        [e * d, d],
+        [f, fs],
+    )?;
     if a.route.is_some() && d != PREFETCHED_HIDDEN {
         bail!("moe_down_norm: the route slot is read on the d = {PREFETCHED_HIDDEN} path only");
     }
@@ -250,6 +302,8 @@ pub fn moe_down_norm(gpu: &Gpu, dims: MoeDims, a: &DownNorm) -> Result<()> {
             Arg::F32(eps),
             Arg::Ptr(a.counter),
             Arg::Ptr(a.route.unwrap_or(0)),
+            Arg::Ptr(a.down.scales_ptr()),
+            Arg::Ptr(a.shared_down.scales_ptr()),
         ],
     )
 }

@@ -34,7 +34,15 @@
 // Grid (ceil(D / 128), tiles).
 //
 // With tiles == NULL both run one group of `rows` rows (the shared expert):
-// tile y is rows y * GG_BM .. , and src == NULL reads A's rows in order.
+// tile y is rows y * GG_BM .. , and src == NULL reads A's rows in order
+// (down with one group is also the prefill GEMM of a block-FP8 projection).
+//
+// Block-FP8 B (a non-null scales pointer: e4m3 codes [N, K] with f32 scales
+// [N / 128, K / 128], common.cuh; N and K multiples of 128): a thread loads
+// its 4 rows' 8 codes of a k-tile into registers a tile ahead, and stores
+// them into the B tile as bf16(code * scale), the layout the bf16 path's
+// cp.async fills: the weights are dequantized in the main loop, rounded to
+// bf16 once (transformers' FP8 fallback), and the MMAs are unchanged.
 #include "common.cuh"
 #define GG_BM 128
 #define GG_BN 128
@@ -74,11 +82,12 @@ extern "C" __global__ void moe_tiles_kernel(const int* __restrict__ counts, int 
 // element offset of 16-byte chunk `ch` of row `r` in a swizzled [rows][64] tile
 __device__ __forceinline__ int gg_swz(int r, int ch) { return r * GG_BK + ((ch ^ (r & 7)) << 3); }
 
-template <bool GATE_UP>
+template <bool GATE_UP, bool FP8>
 __device__ __forceinline__ void grouped_gemm(const bf16* __restrict__ a, const int* __restrict__ src,
-                                             const bf16* __restrict__ w, const int* __restrict__ tiles,
-                                             const int* __restrict__ offsets, const int* __restrict__ counts,
-                                             int rows, void* __restrict__ out, int N, int K) {
+                                             const void* __restrict__ w, const float* __restrict__ wscale,
+                                             const int* __restrict__ tiles, const int* __restrict__ offsets,
+                                             const int* __restrict__ counts, int rows, void* __restrict__ out,
+                                             int N, int K) {
     extern __shared__ __align__(128) bf16 gg_smem[];
     int grp, r0, base, cnt;
     if (tiles) {
@@ -99,12 +108,17 @@ __device__ __forceinline__ void grouped_gemm(const bf16* __restrict__ a, const i
     const int wm = warp >> 2, wn = warp & 3;
     // gate/up: N = F, 64 features a block (their gate and up rows); down: 128 columns
     const int n0 = blockIdx.x * (GATE_UP ? GG_BN / 2 : GG_BN);
-    const bf16* wg = w + (long)grp * (GATE_UP ? 2L : 1L) * N * K;
+    const long wrows = (GATE_UP ? 2L : 1L) * N;  // B rows of a group
+    const bf16* wg = reinterpret_cast<const bf16*>(w) + (long)grp * wrows * K;
+    const unsigned char* wq = reinterpret_cast<const unsigned char*>(w) + (long)grp * wrows * K;
+    const float* sg = FP8 ? wscale + (long)grp * (wrows / 128) * (K / 128) : nullptr;
 
     // this thread's 4 rows of each tile (row tid / 8 + 32 i, chunk tid % 8)
     const int ch = tid & 7;
     const bf16* arow[4];
     const bf16* brow[4];
+    const unsigned char* bq[4];  // FP8: the row's codes
+    const float* bsc[4];         // FP8: the row's scales (its row block)
     bool aok[4], bok[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -124,6 +138,10 @@ __device__ __forceinline__ void grouped_gemm(const bf16* __restrict__ a, const i
             bok[i] = wr < N;
         }
         brow[i] = wg + (long)(bok[i] ? wr : 0) * K;
+        if (FP8) {
+            bq[i] = wq + (long)(bok[i] ? wr : 0) * K;
+            bsc[i] = sg + (long)((bok[i] ? wr : 0) / 128) * (K / 128);
+        }
     }
     bf16* As = gg_smem;
     bf16* Bs = gg_smem + GG_STAGES * GG_BM * GG_BK;
@@ -137,7 +155,37 @@ __device__ __forceinline__ void grouped_gemm(const bf16* __restrict__ a, const i
             int r = (tid >> 3) + 32 * i;
             unsigned off = (unsigned)(stage * GG_BM * GG_BK + gg_swz(r, ch)) * 2;
             cp_async16(as0 + off, arow[i] + (kin ? k : 0), (aok[i] && kin) ? 16 : 0);
-            cp_async16(bs0 + off, brow[i] + (kin ? k : 0), (bok[i] && kin) ? 16 : 0);
+            if (!FP8) cp_async16(bs0 + off, brow[i] + (kin ? k : 0), (bok[i] && kin) ? 16 : 0);
+        }
+    };
+    // FP8: the thread's 4 rows' 8 codes of k-tile kt and their scales, into
+    // registers; then, a tile later, into the B tile of a stage as bf16
+    uint2 qv[4];
+    float qs[4];
+    auto load_q = [&](int kt) {
+        int k = kt * GG_BK + ch * 8;
+        bool kin = k < K;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            bool okq = bok[i] && kin;
+            qv[i] = okq ? __ldg(reinterpret_cast<const uint2*>(bq[i] + k)) : make_uint2(0u, 0u);
+            qs[i] = okq ? __ldg(bsc[i] + k / 128) : 0.f;
+        }
+    };
+    auto store_q = [&](int stage) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int r = (tid >> 3) + 32 * i;
+            unsigned wv[2] = {qv[i].x, qv[i].y};
+            unsigned o[4];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float2 lo = e4m3x2_f32((unsigned short)(wv[h] & 0xffffu));
+                float2 hi = e4m3x2_f32((unsigned short)(wv[h] >> 16));
+                o[2 * h] = pack_bf16x2(lo.x * qs[i], lo.y * qs[i]);
+                o[2 * h + 1] = pack_bf16x2(hi.x * qs[i], hi.y * qs[i]);
+            }
+            *reinterpret_cast<uint4*>(Bs + stage * GG_BN * GG_BK + gg_swz(r, ch)) = make_uint4(o[0], o[1], o[2], o[3]);
         }
     };
 
@@ -151,15 +199,31 @@ __device__ __forceinline__ void grouped_gemm(const bf16* __restrict__ a, const i
 
 #pragma unroll
     for (int s = 0; s < GG_STAGES - 1; s++) {
-        if (s < ktiles) load(s, s);
+        if (s < ktiles) {
+            load(s, s);
+            if (FP8) {
+                load_q(s);
+                store_q(s);
+            }
+        }
         cp_async_commit();
     }
+    if (FP8 && GG_STAGES - 1 < ktiles) load_q(GG_STAGES - 1);
     for (int kt = 0; kt < ktiles; kt++) {
         cp_async_wait<GG_STAGES - 2>();
         __syncthreads();
         // the stage refilled here was computed on in the previous iteration,
-        // which every thread has finished (the barrier above)
-        if (kt + GG_STAGES - 1 < ktiles) load((kt + GG_STAGES - 1) % GG_STAGES, kt + GG_STAGES - 1);
+        // which every thread has finished (the barrier above); FP8 codes are
+        // stored from the registers loaded an iteration ago, and the next
+        // tile's loaded, in flight while this one is computed
+        const int nxt = kt + GG_STAGES - 1;
+        if (nxt < ktiles) {
+            load(nxt % GG_STAGES, nxt);
+            if (FP8) {
+                store_q(nxt % GG_STAGES);
+                if (nxt + 1 < ktiles) load_q(nxt + 1);
+            }
+        }
         cp_async_commit();
         const int stage = kt % GG_STAGES;
         const unsigned sa = as0 + stage * GG_BM * GG_BK * 2, sb = bs0 + stage * GG_BN * GG_BK * 2;
@@ -219,18 +283,26 @@ __device__ __forceinline__ void grouped_gemm(const bf16* __restrict__ a, const i
         }
 }
 
-// hs [rows, F] bf16 = silu(x W_gate^T) * (x W_up^T), x = h[src[row]] [K]; gate_up [E][2F][K].
+// hs [rows, F] bf16 = silu(x W_gate^T) * (x W_up^T), x = h[src[row]] [K]; gate_up [E][2F][K]
+// (bf16, or e4m3 codes with scales [E][2F / 128][K / 128] when `scales` is non-null).
 extern "C" __global__ void __launch_bounds__(GG_THREADS) moe_gate_up_grouped_kernel(
-    const bf16* __restrict__ h, const int* __restrict__ src, const bf16* __restrict__ gate_up,
-    const int* __restrict__ tiles, const int* __restrict__ offsets, const int* __restrict__ counts, int rows,
-    bf16* __restrict__ hs, int F, int K) {
-    grouped_gemm<true>(h, src, gate_up, tiles, offsets, counts, rows, hs, F, K);
+    const bf16* __restrict__ h, const int* __restrict__ src, const void* __restrict__ gate_up,
+    const float* __restrict__ scales, const int* __restrict__ tiles, const int* __restrict__ offsets,
+    const int* __restrict__ counts, int rows, bf16* __restrict__ hs, int F, int K) {
+    if (scales)
+        grouped_gemm<true, true>(h, src, gate_up, scales, tiles, offsets, counts, rows, hs, F, K);
+    else
+        grouped_gemm<true, false>(h, src, gate_up, nullptr, tiles, offsets, counts, rows, hs, F, K);
 }
 
-// out [rows, D] f32 = hs W_down^T; down [E][D][F].
+// out [rows, D] f32 = hs W_down^T; down [E][D][F] (bf16, or e4m3 codes with
+// scales [E][D / 128][F / 128] when `scales` is non-null).
 extern "C" __global__ void __launch_bounds__(GG_THREADS) moe_down_grouped_kernel(
-    const bf16* __restrict__ hs, const bf16* __restrict__ down, const int* __restrict__ tiles,
-    const int* __restrict__ offsets, const int* __restrict__ counts, int rows, float* __restrict__ out, int D,
-    int F) {
-    grouped_gemm<false>(hs, nullptr, down, tiles, offsets, counts, rows, out, D, F);
+    const bf16* __restrict__ hs, const void* __restrict__ down, const float* __restrict__ scales,
+    const int* __restrict__ tiles, const int* __restrict__ offsets, const int* __restrict__ counts, int rows,
+    float* __restrict__ out, int D, int F) {
+    if (scales)
+        grouped_gemm<false, true>(hs, nullptr, down, scales, tiles, offsets, counts, rows, out, D, F);
+    else
+        grouped_gemm<false, false>(hs, nullptr, down, nullptr, tiles, offsets, counts, rows, out, D, F);
 }

@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 
 use super::moe::check_routing;
 use super::Kernel;
-use crate::gpu::{Arg, DevBuf, Gpu};
+use crate::gpu::{Arg, DevBuf, DevMat, Gpu};
 
 /// Rows of a tile (GG_BM), the tile width of down (GG_BN) and of gate/up's
 /// output features (GG_BN / 2), threads a block, and the dynamic shared
@@ -153,17 +153,41 @@ fn check_k(what: &str, k: usize) -> Result<()> {
     Ok(())
 }
 
+/// A grouped weight of `groups` x [rows, k]: bf16, or block FP8 with both
+/// sizes multiples of 128 (the scales' blocks) and their scales.
+fn check_weights(what: &str, w: &DevMat, groups: usize, rows: usize, k: usize) -> Result<()> {
+    let n = groups * rows * k;
+    if w.is_fp8() {
+        let sb = w.scales.as_ref().map_or(0, |s| s.bytes);
+        if !rows.is_multiple_of(128) || !k.is_multiple_of(128) {
+            bail!("{what}: block-FP8 weights of [{rows}, {k}]: the kernels take multiples of 128");
+        }
+        if w.bytes < n || sb < n / (128 * 128) * 4 {
+            bail!(
+                "{what}: {} bytes of codes and {sb} of scales for {groups} groups of [{rows}, {k}]",
+                w.bytes
+            );
+        }
+    } else if w.bytes < n * 2 {
+        bail!(
+            "{what}: weights of {} bytes for {groups} groups of [{rows}, {k}]",
+            w.bytes
+        );
+    }
+    Ok(())
+}
+
 /// hs [rows, f] bf16 = silu(x W_gate^T) * (x W_up^T) for each row's group
 /// (`moe_gate_up_grouped_kernel`): x = h[src[row]] [d] bf16 for experts (the
 /// token of each sorted pair), h[row] for one group; `gate_up` [groups, 2f, d]
-/// bf16 (each group's f gate rows, then its f up rows).
+/// bf16 or block FP8 (each group's f gate rows, then its f up rows).
 #[allow(clippy::too_many_arguments)]
 pub fn moe_gate_up_grouped(
     gpu: &Gpu,
     groups: &Groups,
     h: u64,
     src: Option<u64>,
-    gate_up: &DevBuf,
+    gate_up: &DevMat,
     hs: u64,
     f: usize,
     d: usize,
@@ -174,12 +198,10 @@ pub fn moe_gate_up_grouped(
     if f == 0 || !f.is_multiple_of(2) || f > i32::MAX as usize {
         bail!("{WHAT}: expert width {f} must be a positive even number");
     }
-    if gate_up.bytes < groups.groups() * 2 * f * d * 2 {
-        bail!(
-            "{WHAT}: weights of {} bytes for {} groups of [2 x {f}, {d}]",
-            gate_up.bytes,
-            groups.groups()
-        );
+    // (FP8: f a multiple of 128 puts the up rows at a scale block's start)
+    check_weights(WHAT, gate_up, groups.groups(), 2 * f, d)?;
+    if gate_up.is_fp8() && !f.is_multiple_of(128) {
+        bail!("{WHAT}: block-FP8 experts {f} wide: the kernels take multiples of 128");
     }
     if matches!(groups, Groups::Experts { .. }) != src.is_some() {
         bail!("{WHAT}: experts read their rows through src, one group in order");
@@ -194,6 +216,7 @@ pub fn moe_gate_up_grouped(
             Arg::Ptr(h),
             Arg::Ptr(src.unwrap_or(0)),
             Arg::Ptr(gate_up.ptr),
+            Arg::Ptr(gate_up.scales_ptr()),
             tiles,
             offsets,
             counts,
@@ -207,12 +230,13 @@ pub fn moe_gate_up_grouped(
 
 /// out [rows, d] f32 = hs W_down^T for each row's group
 /// (`moe_down_grouped_kernel`): hs [rows, f] bf16 in the sorted order, `down`
-/// [groups, d, f] bf16.
+/// [groups, d, f] bf16 or block FP8. With one group, any product
+/// out [rows, d] = A [rows, f] W [d, f]^T (a block-FP8 projection's prefill).
 pub fn moe_down_grouped(
     gpu: &Gpu,
     groups: &Groups,
     hs: u64,
-    down: &DevBuf,
+    down: &DevMat,
     out: u64,
     d: usize,
     f: usize,
@@ -223,13 +247,7 @@ pub fn moe_down_grouped(
     if d == 0 || !d.is_multiple_of(2) || d > i32::MAX as usize {
         bail!("{WHAT}: hidden size {d} must be a positive even number");
     }
-    if down.bytes < groups.groups() * d * f * 2 {
-        bail!(
-            "{WHAT}: weights of {} bytes for {} groups of [{d}, {f}]",
-            down.bytes,
-            groups.groups()
-        );
-    }
+    check_weights(WHAT, down, groups.groups(), d, f)?;
     let ([tiles, offsets, counts, rows], height) = groups.args();
     gpu.launch(
         Kernel::MoeDownGrouped,
@@ -239,6 +257,7 @@ pub fn moe_down_grouped(
         &[
             Arg::Ptr(hs),
             Arg::Ptr(down.ptr),
+            Arg::Ptr(down.scales_ptr()),
             tiles,
             offsets,
             counts,

@@ -41,27 +41,37 @@ pub(super) fn gdn_conv_bytes(cfg: &Config) -> u64 {
     2 * c * (w - 1) * 4 + c * w * 4 + c * 4 * 2
 }
 
+/// Bytes `n` weights take: bf16, or block FP8 (a byte each and an f32
+/// scale per 128 x 128 block).
+fn weights_bytes(n: u64, fp8: bool) -> u64 {
+    if fp8 {
+        n + n / (128 * 128) * 4
+    } else {
+        n * 2
+    }
+}
+
 /// Weight bytes of the experts one token reads in one MoE layer: K routed and the shared one.
-pub(super) fn moe_expert_bytes(cfg: &Config) -> u64 {
+pub(super) fn moe_expert_bytes(cfg: &Config, fp8: bool) -> u64 {
     let d = cfg.hidden_size as u64;
     let (k, f, fs) = (
         cfg.num_experts_per_tok as u64,
         cfg.moe_intermediate_size as u64,
         cfg.shared_expert_intermediate_size as u64,
     );
-    k * 3 * f * d * 2 + 3 * fs * d * 2
+    weights_bytes(k * 3 * f * d + 3 * fs * d, fp8)
 }
 
 /// The gate|up rows of the routed and the shared experts: two thirds of
 /// `moe_expert_bytes`.
-pub(super) fn moe_gate_up_bytes(cfg: &Config) -> u64 {
+pub(super) fn moe_gate_up_bytes(cfg: &Config, fp8: bool) -> u64 {
     let d = cfg.hidden_size as u64;
     let (k, f, fs) = (
         cfg.num_experts_per_tok as u64,
         cfg.moe_intermediate_size as u64,
         cfg.shared_expert_intermediate_size as u64,
     );
-    k * 2 * f * d * 2 + 2 * fs * d * 2
+    weights_bytes(k * 2 * f * d + 2 * fs * d, fp8)
 }
 
 pub(super) fn gib(b: usize) -> f64 {
@@ -85,14 +95,20 @@ impl CudaModel {
         };
         let mut b = head + d * 6;
         for lw in &self.w.layers {
-            b += lw.router.bytes as u64 + moe_expert_bytes(cfg) + 2 * (d * 4 * 3 + d * 2);
+            b += lw.router.bytes as u64
+                + moe_expert_bytes(cfg, lw.gate_up.is_fp8())
+                + 2 * (d * 4 * 3 + d * 2);
             b += match &lw.mixer {
                 DevMixer::Attention(a) => {
-                    (a.q.bytes + a.k.bytes + a.v.bytes + a.o.bytes) as u64
+                    (a.q.total_bytes() + a.k.total_bytes() + a.v.total_bytes() + a.o.total_bytes())
+                        as u64
                         + attention_core_bytes(cfg, context)
                 }
                 DevMixer::Gdn(w) => {
-                    (w.qkv.bytes + w.z.bytes + w.ba.bytes + w.out.bytes) as u64
+                    (w.qkv.total_bytes()
+                        + w.z.total_bytes()
+                        + w.ba.total_bytes()
+                        + w.out.total_bytes()) as u64
                         + gdn_core_bytes(cfg)
                 }
             };

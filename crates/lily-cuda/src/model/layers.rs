@@ -8,7 +8,7 @@ use super::bytes::{
     moe_gate_up_bytes,
 };
 use super::{CudaModel, CudaState};
-use crate::gpu::DevBuf;
+use crate::gpu::{DevBuf, DevMat};
 use crate::kernels::attention::{
     attention, attention_decode, qk_prep, Attend, Heads, QkPrep, Rope,
 };
@@ -19,6 +19,7 @@ use crate::kernels::gemv::{gemv, gemv3, gemv_add, Normed, Projection};
 use crate::kernels::moe::{
     moe_down_norm, moe_gate_up, router_decode, router_topk, DownNorm, GateUp, PREFETCHED_HIDDEN,
 };
+use crate::kernels::moe_grouped::{moe_down_grouped, Groups};
 use crate::kernels::norm::{add_rmsnorm, gated_rmsnorm};
 use crate::kernels::sampling::{greedy_finish, greedy_lm_head};
 use crate::weights::moe_dims;
@@ -26,6 +27,15 @@ use crate::weights::{DevLayer, DevMixer};
 
 impl CudaModel {
     /// y[T, N] f32 = x[T, K] bf16 . W[N, K]^T: Lily's GEMV for one token, cuBLAS otherwise.
+    /// `linear` for a weight that may be block FP8: the grouped GEMM as one
+    /// group, the codes dequantized in its main loop.
+    fn project(&self, x: u64, w: &DevMat, y: u64, t: usize, n: usize, k: usize) -> Result<()> {
+        if w.is_fp8() {
+            return moe_down_grouped(&self.gpu, &Groups::One { rows: t }, x, w, y, n, k);
+        }
+        self.linear(x, &w.data, y, t, n, k)
+    }
+
     fn linear(&self, x: u64, w: &DevBuf, y: u64, t: usize, n: usize, k: usize) -> Result<()> {
         debug_assert_eq!(w.bytes, n * k * 2);
         if t == 1 {
@@ -44,12 +54,12 @@ impl CudaModel {
         x: u64,
         t: usize,
         k: usize,
-        p: [(&DevBuf, u64, usize); 3],
+        p: [(&DevMat, u64, usize); 3],
         norm: &DevBuf,
     ) -> Result<()> {
         if t > 1 {
             for (w, y, n) in p {
-                self.linear(x, w, y, t, n, k)?;
+                self.project(x, w, y, t, n, k)?;
             }
             return Ok(());
         }
@@ -135,7 +145,10 @@ impl CudaModel {
             ],
             &lw.input_norm,
         )?;
-        self.mark("attn qkv proj", (a.q.bytes + a.k.bytes + a.v.bytes) as u64)?;
+        self.mark(
+            "attn qkv proj",
+            (a.q.total_bytes() + a.k.total_bytes() + a.v.total_bytes()) as u64,
+        )?;
         let gated = cfg.attn_output_gate;
         let heads = Heads { hq, hkv, dh };
         qk_prep(
@@ -181,7 +194,7 @@ impl CudaModel {
             attention_core_bytes(cfg, self.prof_pos()) - attention_prep_bytes(cfg),
         )?;
         self.out_proj(&a.o, hq * dh, t)?;
-        self.mark("attn o proj", a.o.bytes as u64)
+        self.mark("attn o proj", a.o.total_bytes() as u64)
     }
 
     fn gdn(&self, lw: &DevLayer, st: &(DevBuf, DevBuf), t: usize) -> Result<()> {
@@ -208,7 +221,10 @@ impl CudaModel {
             ],
             &lw.input_norm,
         )?;
-        self.mark("gdn in proj", (w.qkv.bytes + w.z.bytes + w.ba.bytes) as u64)?;
+        self.mark(
+            "gdn in proj",
+            (w.qkv.total_bytes() + w.z.total_bytes() + w.ba.total_bytes()) as u64,
+        )?;
         if t == 1 {
             // decode: conv, recurrence step and gated norm in one kernel
             gdn_decode(
@@ -263,16 +279,16 @@ impl CudaModel {
         let conv = if t == 1 { 0 } else { gdn_conv_bytes(cfg) };
         self.mark("gdn core", gdn_core_bytes(cfg) - conv)?;
         self.out_proj(&w.out, hv * dv, t)?;
-        self.mark("gdn out proj", w.out.bytes as u64)
+        self.mark("gdn out proj", w.out.total_bytes() as u64)
     }
 
     /// A mixer's output projection h[T, k] -> delta[T, D]; for one decode
     /// token with the residual add fused in (x += W h; the router and the
     /// experts norm x themselves), which prefill runs as its own kernel.
-    fn out_proj(&self, w: &DevBuf, k: usize, t: usize) -> Result<()> {
+    fn out_proj(&self, w: &DevMat, k: usize, t: usize) -> Result<()> {
         let (d, s) = (self.cfg.hidden_size, &self.s);
         if t > 1 {
-            return self.linear(s.h.ptr, w, s.delta.ptr, t, d, k);
+            return self.project(s.h.ptr, w, s.delta.ptr, t, d, k);
         }
         gemv_add(&self.gpu, w, s.h.ptr, s.x.ptr, d, k)
     }
@@ -319,7 +335,8 @@ impl CudaModel {
                 ahead: &lw.shared_down,
             },
         )?;
-        self.mark("moe gate/up", moe_gate_up_bytes(cfg))?;
+        let fp8 = lw.gate_up.is_fp8();
+        self.mark("moe gate/up", moe_gate_up_bytes(cfg, fp8))?;
         // one decode token: the final RMSNorm fused into the last down product
         moe_down_norm(
             g,
@@ -335,7 +352,10 @@ impl CudaModel {
                 route,
             },
         )?;
-        self.mark("moe down", moe_expert_bytes(cfg) - moe_gate_up_bytes(cfg))
+        self.mark(
+            "moe down",
+            moe_expert_bytes(cfg, fp8) - moe_gate_up_bytes(cfg, fp8),
+        )
     }
 
     /// Logits of rows [r0, r0+n) of the residual stream into `out` ([n, V] f32).

@@ -257,13 +257,6 @@ impl CudaModel {
         opts: CudaOptions,
         verbose: bool,
     ) -> Result<CudaModel> {
-        if w.format != lily_model::WeightFormat::Dense {
-            bail!(
-                "this checkpoint stores its linear weights as {}; the CUDA backend reads bf16, f16 \
-                 and f32 weights only so far: run it with --device cpu (exact dequantization)",
-                w.format.describe()
-            );
-        }
         if opts.max_seq == 0 || opts.max_seq > 262_144 {
             bail!("--max-seq must be in 1..=262144, got {}", opts.max_seq);
         }
