@@ -123,6 +123,14 @@ impl Backend {
         })
     }
 
+    /// How the model's linear weights are stored (dense, or block FP8).
+    pub fn weight_format(&self) -> lily_model::WeightFormat {
+        match self {
+            Backend::Cpu(m) => m.w.format,
+            Backend::Cuda(m) => m.format,
+        }
+    }
+
     pub fn device_name(&self) -> String {
         match self {
             Backend::Cpu(_) => format!("cpu ({} threads)", rayon_threads()),

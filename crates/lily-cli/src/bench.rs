@@ -293,6 +293,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     let report = json!({
         "model": a.model.source().describe(),
+        "weights": b.weight_format().describe(),
         "device": b.device_name(),
         "runs": a.runs,
         "load_s": load_s,
@@ -307,8 +308,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "model {}  device {}  load {:.1}s  (median of {} runs after a warm-up)",
+        "model {} ({})  device {}  load {:.1}s  (median of {} runs after a warm-up)",
         a.model.source().describe(),
+        b.weight_format().describe(),
         b.device_name(),
         load_s,
         a.runs

@@ -173,6 +173,9 @@ pub struct CudaModel {
     pub gpu: Gpu,
     pub cfg: Config,
     pub opts: CudaOptions,
+    /// How the checkpoint stores its linear weights (the FP8 ones stay FP8
+    /// on the device where a kernel reads them so).
+    pub format: lily_model::WeightFormat,
     w: DevWeights,
     s: Scratch,
     prof: crate::profile::Recorder,
@@ -315,6 +318,7 @@ impl CudaModel {
             gpu,
             cfg,
             opts,
+            format: w.format,
             w: dw,
             s,
             prof: crate::profile::Recorder::new(),
