@@ -26,6 +26,10 @@
 #   tools/gpu_run.sh trace          -> one decode step's timeline (lily bench --trace)
 #   tools/gpu_run.sh phases         -> that timeline once per phase mark (--trace-mark)
 #   tools/gpu_run.sh ncu            -> each decode kernel of one layer cycle alone under Nsight Compute
+#   tools/gpu_run.sh fp8            -> the block-FP8 GPU tests, decode and prefill with --quantize fp8
+#                                      beside bf16 in the same run, the FP8 decode roofline at 4k
+#   tools/gpu_run.sh ncu-prefill    -> each prefill kernel of a 4,096-token chunk (full4) under Nsight
+#                                      Compute, one row per kernel (tools/ncu_table.py)
 #   tools/gpu_run.sh llamacpp       -> llama.cpp Q4_0 on a random full-size GGUF (carry .peers, see below)
 # JSON and logs go to $OUT (or ./gpu-out; the device returns at most 8 files there, so bulky logs stay
 # in /tmp/gpu-run); a short summary is printed last.
@@ -310,6 +314,37 @@ ncu)
     note "ncu: $out/ncu.csv"
   else
     note "ncu FAILED: $(tail -5 "$logs/ncu.log" | tr '\n' ' ')"
+  fi
+  ;;
+fp8)
+  # block FP8 (issue 36): the FP8 GPU tests, then decode and prefill of the synthetic model quantized
+  # at load (--quantize fp8, the releases' layout) beside the same model in bf16, in one run
+  note "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader)"
+  LILY_TESTS="${LILY_TESTS:-ops_gpu model_gpu}" gpu_tests "$carry" new
+  bench fp8 "$lily" --quantize fp8 --prompt-len 512,4096 --context 4096,32768 --gen 128 --runs 3
+  bench bf16 "$lily" --prompt-len 512,4096 --context 4096,32768 --gen 128 --runs 3
+  bench fp8-profile "$lily" --quantize fp8 --prompt-len 64 --context 4096 --gen 64 --runs 2 --profile
+  [ -s "$out/fp8-profile.json" ] && note "$(python3 tools/roofline.py "$out/fp8-profile.json" 2>&1 | tail -20)"
+  ;;
+ncu-prefill)
+  # Each prefill kernel of one 4,096-token chunk on full4 (3 GDN layers and an attention layer, the
+  # released sizes) under Nsight Compute: time, throughput and occupancy per launch (the roofline's
+  # groups split into their kernels; cuBLAS GEMMs are left out, their groups run near peak).
+  ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  kernels='conv_silu_kernel|gdn_chunk_prep_kernel|gdn_chunk_scan_kernel|gated_rmsnorm_kernel|add_rmsnorm_kernel|attention_prefill_kernel|qk_prep_kernel|router_topk_kernel|moe_count_kernel|moe_assign_kernel|moe_tiles_kernel|moe_gate_up_grouped_kernel|moe_down_grouped_kernel|moe_combine_kernel'
+  # (the bench's 64-token warm-up prefill makes the first 59 matching launches)
+  if [ -z "$ncu_bin" ]; then
+    note "ncu: not found"
+  elif timeout 400 "$ncu_bin" --kernel-name "regex:^($kernels)\$" --launch-skip 59 --launch-count "${LILY_NCU_COUNT:-70}" \
+      --cache-control all --clock-control base \
+      --section SpeedOfLight --section LaunchStats --section Occupancy \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
+      --csv --page details \
+      "$lily" bench --device cuda --synthetic full4 --prompt-len 4096 --context 4096 --gen 2 --runs 1 \
+      > "$out/ncu-prefill.csv" 2> "$logs/ncu-prefill.log"; then
+    note "ncu-prefill: $(python3 tools/ncu_table.py "$out/ncu-prefill.csv" 2>&1)"
+  else
+    note "ncu-prefill FAILED: $(tail -5 "$logs/ncu-prefill.log" | tr '\n' ' ')"
   fi
   ;;
 llamacpp)
