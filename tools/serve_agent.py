@@ -66,6 +66,31 @@ def chat(port: int, messages: list, max_tokens: int, **sampling) -> dict:
             "arrivals": arrivals, "content": "".join(content), "usage": usage}
 
 
+PHASES = ("lily_request_prepare_seconds_sum", "lily_request_queue_seconds_sum", "lily_engine_first_token_seconds_sum")
+
+
+def phase_sums(port: int) -> dict:
+    """The server's running sums of the time-to-first-token phases (/metrics)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        body = r.read().decode()
+    out = {}
+    for line in body.splitlines():
+        name, _, v = line.partition(" ")
+        if name in PHASES:
+            out[name] = float(v)
+    return out
+
+
+def timed_chat(port: int, messages: list, max_tokens: int) -> dict:
+    """`chat`, with the server's phases of this request (prepare, queue, engine to the first token)."""
+    before = phase_sums(port)
+    r = chat(port, messages, max_tokens)
+    after = phase_sums(port)
+    r["phases_ms"] = {k.split("_seconds")[0].replace("lily_", ""): round((after.get(k, 0) - before.get(k, 0)) * 1e3, 2)
+                      for k in PHASES}
+    return r
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lily", required=True)
@@ -85,19 +110,19 @@ def main():
         turns = []
         for t in range(a.turns):
             last = list(msgs)
-            r = chat(port, msgs, a.answer)
+            r = timed_chat(port, msgs, a.answer)
             u = r["usage"] or {}
             turns.append({"turn": t, "prompt_tokens": u.get("prompt_tokens"),
                           "cached_tokens": (u.get("prompt_tokens_details") or {}).get("cached_tokens"),
-                          "ttft_s": r["ttft_s"]})
+                          "ttft_s": r["ttft_s"], "phases_ms": r["phases_ms"]})
             msgs += [{"role": "assistant", "content": r["content"]},
                      {"role": "user", "content": text(a.turn, 100 + t)}]
         # 2. a cold conversation of the last turn's size
         cold_msgs = [{"role": "system", "content": "You are a different agent!"}] + last[1:]
-        c = chat(port, cold_msgs, a.answer)
+        c = timed_chat(port, cold_msgs, a.answer)
         cold = {"prompt_tokens": (c["usage"] or {}).get("prompt_tokens"),
                 "cached_tokens": ((c["usage"] or {}).get("prompt_tokens_details") or {}).get("cached_tokens"),
-                "ttft_s": c["ttft_s"]}
+                "ttft_s": c["ttft_s"], "phases_ms": c["phases_ms"]}
         # 3. decode speeds
         settings = {
             "greedy": {},
@@ -124,12 +149,16 @@ def main():
         print(json.dumps(res))
         if a.out:
             json.dump(res, open(a.out, "w"), indent=1)
-        print("turn  prompt  cached  ttft ms", file=sys.stderr)
-        for x in turns:
-            print(f"{x['turn']:>4}  {x['prompt_tokens']:>6}  {x['cached_tokens']:>6}  {x['ttft_s'] * 1e3:8.1f}",
+        # the server's phases: the request's preparation (parse, template, tokenizer), its wait in
+        # the queue, the engine's time to the first token (restore, prefill, first step); the rest
+        # of the client's time to first token is HTTP and streaming
+        print("turn  prompt  cached  ttft ms  prepare  queue  engine", file=sys.stderr)
+        rows = [(f"{x['turn']:>4}", x) for x in turns] + [("cold", cold)]
+        for label, x in rows:
+            p = x["phases_ms"]
+            print(f"{label}  {x['prompt_tokens']:>6}  {x['cached_tokens']:>6}  {x['ttft_s'] * 1e3:7.1f}  "
+                  f"{p['request_prepare']:7.1f}  {p['request_queue']:5.1f}  {p['engine_first_token']:6.1f}",
                   file=sys.stderr)
-        print(f"cold  {cold['prompt_tokens']:>6}  {cold['cached_tokens']:>6}  {cold['ttft_s'] * 1e3:8.1f}",
-              file=sys.stderr)
         for name, d in decode.items():
             print(f"decode {name:<24} {d['tok_s'] or 0:8.1f} tok/s ({d['completion_tokens']} tokens)",
                   file=sys.stderr)

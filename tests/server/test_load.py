@@ -85,6 +85,14 @@ def test_concurrent_streaming_load():
         assert 1 <= d.get("cancelled", 0) <= left
         assert m1["lily_generation_tokens_total"] - m0["lily_generation_tokens_total"] >= sum(complete)
         assert m1["lily_time_to_first_token_seconds_count"] > m0["lily_time_to_first_token_seconds_count"]
+        # The engine's part of the time to first token is observed at the same moment, for the
+        # same requests, and is never longer than the whole; preparation and queueing are
+        # observed for every request the engine took.
+        ttft = [m1[f"lily_time_to_first_token_seconds_{x}"] - m0[f"lily_time_to_first_token_seconds_{x}"] for x in ("count", "sum")]
+        eng = [m1[f"lily_engine_first_token_seconds_{x}"] - m0[f"lily_engine_first_token_seconds_{x}"] for x in ("count", "sum")]
+        assert eng[0] == ttft[0] and 0 < eng[1] <= ttft[1], (eng, ttft)
+        taken = m1["lily_request_queue_seconds_count"] - m0["lily_request_queue_seconds_count"]
+        assert taken >= ttft[0] and m1["lily_request_prepare_seconds_count"] - m0["lily_request_prepare_seconds_count"] == taken
         assert m1["lily_inter_token_latency_seconds_count"] > m0["lily_inter_token_latency_seconds_count"]
         assert m1["lily_requests_rejected_total"] == 0
         assert not any(k.startswith("lily_http_requests_total") and 'status="5' in k for k in m1)

@@ -57,6 +57,10 @@ pub struct Job {
     pub cancel: Arc<AtomicBool>,
     /// When the request arrived (time to first token counts from here).
     pub received: Instant,
+    /// When it joined the queue (set by `JobQueue::push`): the time before
+    /// it is the request's preparation (parsing, the chat template, the
+    /// tokenizer), the time after it until the engine takes it its wait.
+    pub queued: Option<Instant>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -152,7 +156,8 @@ impl JobQueue {
 
     /// Adds a job; on success, returns how many jobs of departed clients were
     /// dropped to make room.
-    pub fn push(&self, job: Job) -> Result<usize, PushError> {
+    pub fn push(&self, mut job: Job) -> Result<usize, PushError> {
+        job.queued = Some(Instant::now());
         let mut q = self.lock();
         if q.closed {
             return Err(PushError::Closed);
@@ -237,8 +242,13 @@ pub fn worker<M: Model>(
             continue;
         }
         shared.metrics.running.fetch_add(1, Ordering::SeqCst);
+        let started = Instant::now();
+        if let Some(q) = job.queued {
+            shared.metrics.prepare.observe(q - job.received);
+            shared.metrics.queue_wait.observe(started - q);
+        }
         let res = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            run_job(model, assets, &job, shared, &mut seqs, im_start)
+            run_job(model, assets, &job, shared, &mut seqs, im_start, started)
         }));
         if res.is_err() {
             // a panic may have left the state or a snapshot half written
@@ -286,6 +296,7 @@ fn run_job<M: Model>(
     shared: &EngineShared,
     seqs: &mut Sequences<SteerState<M::State>, M::Snapshot>,
     im_start: Option<u32>,
+    started: Instant,
 ) -> anyhow::Result<&'static str> {
     let tok = &assets.tokenizer;
     let req = GenerateRequest {
@@ -325,7 +336,10 @@ fn run_job<M: Model>(
         }
         let now = Instant::now();
         match last_token {
-            None => metrics.ttft.observe(now - job.received),
+            None => {
+                metrics.ttft.observe(now - job.received);
+                metrics.first_token.observe(now - started);
+            }
             Some(t) => metrics.itl.observe(now - t),
         }
         last_token = Some(now);

@@ -65,6 +65,11 @@ impl Histogram {
 const TTFT_BUCKETS: &[f64] = &[
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 ];
+/// The parts of a time to first token: from a millisecond (a short prompt's
+/// preparation) up.
+const PHASE_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0,
+];
 const ITL_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56,
 ];
@@ -82,6 +87,12 @@ pub struct Metrics {
     pub rejected: AtomicU64,
     pub running: AtomicU64,
     pub ttft: Histogram,
+    /// The parts of the time to first token: the request's preparation
+    /// (arrival to queue), its wait in the queue, the engine's own time to
+    /// the first token (restoring a cached prefix, the prefill, the first step)
+    pub prepare: Histogram,
+    pub queue_wait: Histogram,
+    pub first_token: Histogram,
     pub itl: Histogram,
     pub e2e: Histogram,
     /// the prompt cache, as the worker last saw it
@@ -117,6 +128,9 @@ impl Default for Metrics {
             rejected: AtomicU64::new(0),
             running: AtomicU64::new(0),
             ttft: Histogram::new(TTFT_BUCKETS),
+            prepare: Histogram::new(PHASE_BUCKETS),
+            queue_wait: Histogram::new(PHASE_BUCKETS),
+            first_token: Histogram::new(PHASE_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
             cache: Mutex::new(CacheView::default()),
@@ -261,6 +275,21 @@ impl Metrics {
             &mut out,
             "lily_time_to_first_token_seconds",
             "Time from a request's arrival to its first generated token.",
+        );
+        self.prepare.render(
+            &mut out,
+            "lily_request_prepare_seconds",
+            "Time from a generation request's arrival to its queueing: parsing, the chat template, the tokenizer.",
+        );
+        self.queue_wait.render(
+            &mut out,
+            "lily_request_queue_seconds",
+            "Time a generation request waited in the queue for the engine.",
+        );
+        self.first_token.render(
+            &mut out,
+            "lily_engine_first_token_seconds",
+            "The engine's time to a request's first token: restoring a cached prefix, the prefill, the first step.",
         );
         self.itl.render(
             &mut out,

@@ -123,6 +123,7 @@ fn job(
         events: tx,
         cancel: guard.0.clone(),
         received: Instant::now(),
+        queued: None,
     };
     (j, rx, guard)
 }

@@ -31,7 +31,11 @@ pub fn conv_silu(
     }
     gpu.launch(
         Kernel::ConvSilu,
-        (c.div_ceil(128) as u32, t.div_ceil(CONV_STRIP).max(1) as u32, 1),
+        (
+            c.div_ceil(128) as u32,
+            t.div_ceil(CONV_STRIP).max(1) as u32,
+            1,
+        ),
         (128, 1, 1),
         0,
         &[

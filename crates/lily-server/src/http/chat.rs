@@ -100,6 +100,7 @@ async fn chat_inner(app: AppState, req: Request) -> Result<Response, ApiError> {
         events: tx,
         cancel: guard.0.clone(),
         received,
+        queued: None,
     };
     app.submit(job)?;
     let id = format!("chatcmpl-{}", random_id(24));

@@ -101,6 +101,7 @@ async fn completions_inner(app: AppState, req: Request) -> Result<Response, ApiE
         events: tx,
         cancel: guard.0.clone(),
         received,
+        queued: None,
     };
     app.submit(job)?;
     let id = format!("cmpl-{}", random_id(24));
