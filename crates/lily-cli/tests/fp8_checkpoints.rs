@@ -4,9 +4,13 @@
 //! quantization_config inside text_config), and the bad variants, each refused
 //! with a message that names what is wrong.
 
+mod support;
+
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+
+use support::{f32s, run_logits};
 
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
@@ -17,12 +21,6 @@ const FP8_TOL: f32 = 1e-5;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models-fp8")
-}
-
-fn f32s(data: &[u8]) -> Vec<f32> {
-    data.chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
 }
 
 /// The reference's tokens and all-prefill logits.
@@ -51,23 +49,17 @@ fn logits_with(dir: &Path, tokens: &[u32], extra: &[&str]) -> Result<Vec<f32>, S
         dir.file_name().unwrap().to_string_lossy(),
         std::process::id()
     ));
-    let out = Command::new(env!("CARGO_BIN_EXE_lily"))
-        .args(["logits", "--device", "cpu", "--f32-activations", "--model"])
-        .arg(dir)
-        .args(["--tokens", &ids.join(","), "--out"])
-        .arg(&out_path)
-        .args(extra)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(!err.contains("panicked"), "lily panicked:\n{err}");
-    if !out.status.success() {
-        return Err(err);
-    }
-    let bytes = std::fs::read(&out_path).unwrap();
+    let mut args: Vec<OsString> = ["logits", "--device", "cpu", "--f32-activations", "--model"]
+        .iter()
+        .map(OsString::from)
+        .collect();
+    args.push(dir.into());
+    args.extend(["--tokens".into(), ids.join(",").into(), "--out".into()]);
+    args.push(out_path.clone().into());
+    args.extend(extra.iter().map(OsString::from));
+    let res = run_logits(&args, &out_path).map(|(_, v)| v);
     std::fs::remove_file(&out_path).ok();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    Ok(f32s(st.tensor("logits").unwrap().data()))
+    res
 }
 
 fn check(dir: &Path, case: &str) {

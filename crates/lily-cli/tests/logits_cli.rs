@@ -2,34 +2,33 @@
 //! prompt's logits) writes exactly rows R.. of what the whole run writes, and
 //! refuses an R past the tokens. On the CPU with the tiny synthetic model.
 
+mod support;
+
+use std::ffi::OsString;
 use std::path::Path;
-use std::process::Command;
+
+use support::run_logits;
 
 /// Run `lily logits` on the tiny model; the logits [rows, vocab] as written.
 fn logits(dir: &Path, name: &str, extra: &[&str]) -> Result<(Vec<usize>, Vec<f32>), String> {
     let path = dir.join(name);
-    let out = Command::new(env!("CARGO_BIN_EXE_lily"))
-        .args(["logits", "--device", "cpu", "--synthetic", "tiny"])
-        .args(["--tokens", "5,17,300,2,99,1000,7,8", "--decode-from", "6"])
-        .args(extra)
-        .arg("--out")
-        .arg(&path)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(!err.contains("panicked"), "lily panicked:\n{err}");
-    if !out.status.success() {
-        return Err(err);
-    }
-    let bytes = std::fs::read(&path).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let t = st.tensor("logits").unwrap();
-    let v = t
-        .data()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
-    Ok((t.shape().to_vec(), v))
+    let mut args: Vec<OsString> = [
+        "logits",
+        "--device",
+        "cpu",
+        "--synthetic",
+        "tiny",
+        "--tokens",
+        "5,17,300,2,99,1000,7,8",
+        "--decode-from",
+        "6",
+    ]
+    .iter()
+    .map(OsString::from)
+    .collect();
+    args.extend(extra.iter().map(OsString::from));
+    args.extend(["--out".into(), path.clone().into()]);
+    run_logits(&args, &path)
 }
 
 #[test]

@@ -414,9 +414,12 @@ extern "C" __global__ void __launch_bounds__(256, 3)
 
 // One warp's sum_slot w[slot] * down_slot[d, :] . h[slot, :] for output d
 // of one decode token (any F, Fs). idx/wts are read with plain loads: the
-// kernel's routing in shared memory.
-__device__ __forceinline__ float moe_down_row(const bf16* __restrict__ h, const bf16* __restrict__ down,
-                                              const bf16* __restrict__ shared_down, const int* __restrict__ idx,
+// kernel's routing in shared memory. down_s null: bf16 weights; else
+// block-FP8 codes with the scales of down [E][D / 128][F / 128] and of
+// shared_down [D / 128][Fs / 128] (sdown_s).
+__device__ __forceinline__ float moe_down_row(const bf16* __restrict__ h, const void* __restrict__ down,
+                                              const void* __restrict__ shared_down, const float* __restrict__ down_s,
+                                              const float* __restrict__ sdown_s, const int* __restrict__ idx,
                                               const float* __restrict__ wts, int D, int F, int Fs, int K, int d) {
     int lane = threadIdx.x & 31;
     int hw = F > Fs ? F : Fs;
@@ -424,43 +427,27 @@ __device__ __forceinline__ float moe_down_row(const bf16* __restrict__ h, const 
     for (int slot = 0; slot <= K; slot++) {
         bool shared = slot == K;
         int width = shared ? Fs : F;
-        const bf16* row = shared ? shared_down + (long)d * Fs : down + ((long)idx[slot] * D + d) * F;
+        const long row = shared ? (long)d * Fs : ((long)idx[slot] * D + d) * F;
         const bf16* hr = h + (long)slot * hw;
         float acc = 0.f;
-        for (int k = lane * 8; k < width; k += 256) {
-            float a[8], b[8];
-            load8(row + k, a);
-            load8_cg(hr + k, b);
+        if (down_s) {
+            const unsigned char* w = reinterpret_cast<const unsigned char*>(shared ? shared_down : down) + row;
+            const float* sr = shared ? sdown_s + (long)(d / 128) * (Fs / 128)
+                                     : down_s + ((long)idx[slot] * (D / 128) + d / 128) * (F / 128);
+            for (int k = lane * 16; k < width; k += 512) {
+                float xv[16];
+                load16_cg(hr + k, xv);
+                acc += __ldg(sr + k / 128) * dot16_e4m3(ld_weight16(w + k), xv);
+            }
+        } else {
+            const bf16* w = reinterpret_cast<const bf16*>(shared ? shared_down : down) + row;
+            for (int k = lane * 8; k < width; k += 256) {
+                float a[8], b[8];
+                load8(w + k, a);
+                load8_cg(hr + k, b);
 #pragma unroll
-            for (int i = 0; i < 8; i++) acc += a[i] * b[i];
-        }
-        total += wts[slot] * warp_sum(acc);
-    }
-    return total;
-}
-
-// moe_down_row for block-FP8 experts (down_s, sdown_s: the scales of down
-// [E][D / 128][F / 128] and shared_down [D / 128][Fs / 128]).
-__device__ __forceinline__ float moe_down_row_fp8(const bf16* __restrict__ h, const unsigned char* __restrict__ down,
-                                                  const unsigned char* __restrict__ shared_down,
-                                                  const float* __restrict__ down_s,
-                                                  const float* __restrict__ sdown_s, const int* __restrict__ idx,
-                                                  const float* __restrict__ wts, int D, int F, int Fs, int K, int d) {
-    int lane = threadIdx.x & 31;
-    int hw = F > Fs ? F : Fs;
-    float total = 0.f;
-    for (int slot = 0; slot <= K; slot++) {
-        bool shared = slot == K;
-        int width = shared ? Fs : F;
-        const unsigned char* row = shared ? shared_down + (long)d * Fs : down + ((long)idx[slot] * D + d) * F;
-        const float* sr = shared ? sdown_s + (long)(d / 128) * (Fs / 128)
-                                 : down_s + ((long)idx[slot] * (D / 128) + d / 128) * (F / 128);
-        const bf16* hr = h + (long)slot * hw;
-        float acc = 0.f;
-        for (int k = lane * 16; k < width; k += 512) {
-            float xv[16];
-            load16_cg(hr + k, xv);
-            acc += __ldg(sr + k / 128) * dot16_e4m3(ld_weight16(row + k), xv);
+                for (int i = 0; i < 8; i++) acc += a[i] * b[i];
+            }
         }
         total += wts[slot] * warp_sum(acc);
     }
@@ -559,8 +546,7 @@ extern "C" __global__ void moe_down_norm_kernel(const bf16* __restrict__ h, cons
         pdl_wait();
         pdl_trigger();
         if (ok) {
-            float total = q8 ? moe_down_row_fp8(h, down8, shared_down8, down_s, sdown_s, rt.idx, rt.wts, D, F, Fs, K, d)
-                             : moe_down_row(h, down, shared_down, rt.idx, rt.wts, D, F, Fs, K, d);
+            float total = moe_down_row(h, down_w, shared_down_w, down_s, sdown_s, rt.idx, rt.wts, D, F, Fs, K, d);
             if (lane == 0) x[d] = __ldcg(x + d) + total;
         }
     }
