@@ -519,7 +519,7 @@ fn moe_experts_with(g: &Gpu, experts: &Experts) {
     let e = rel_l2(&got_n, &got1);
     assert!(e < TOL_MOE_SAME_ROUTING, "x with the final norm: {e}");
     let want_n = rmsnorm1p(&got_n, &w, eps, DType::F32);
-    let e = rel_l2(&download_bf16(&g, nb.ptr, d), &want_n);
+    let e = rel_l2(&download_bf16(g, nb.ptr, d), &want_n);
     assert!(e < TOL_BF16_OUT, "the down product's final norm: {e}");
 
     // The route slot (moe.cu RouteSlot as u32 words: flag, pad, idx [8] from
@@ -668,8 +668,8 @@ fn moe_grouped_prefill_with(g: &Gpu, experts: &Experts) {
 
     // the sort: counts per expert, offsets and tiles, each pair's row
     g.zero(counts.ptr, e * 4).unwrap();
-    moe_count(&g, ib.ptr, pairs, counts.ptr).unwrap();
-    moe_tiles(&g, counts.ptr, pairs, e, offsets.ptr, &tiles).unwrap();
+    moe_count(g, ib.ptr, pairs, counts.ptr).unwrap();
+    moe_tiles(g, counts.ptr, pairs, e, offsets.ptr, &tiles).unwrap();
     let got_counts: Vec<i32> = g.download(counts.ptr, e).unwrap();
     let mut want_counts = vec![0i32; e];
     for &i in &idx {
@@ -709,7 +709,7 @@ fn moe_grouped_prefill_with(g: &Gpu, experts: &Experts) {
     want_tiles[0] = want_tiles.len() as i32 - 1;
     let got_tiles: Vec<i32> = g.download(tiles.ptr, want_tiles.len()).unwrap();
     assert_eq!(got_tiles, want_tiles, "moe_tiles: the tile list");
-    moe_assign(&g, ib.ptr, pairs, k, e, offsets.ptr, rowmap.ptr, src.ptr).unwrap();
+    moe_assign(g, ib.ptr, pairs, k, e, offsets.ptr, rowmap.ptr, src.ptr).unwrap();
     let rm: Vec<i32> = g.download(rowmap.ptr, pairs).unwrap();
     let sr: Vec<i32> = g.download(src.ptr, pairs).unwrap();
     // each expert's pairs take its rows in pair (token) order
@@ -746,7 +746,7 @@ fn moe_grouped_prefill_with(g: &Gpu, experts: &Experts) {
         d,
     )
     .unwrap();
-    moe_down_grouped(&g, &groups, hs.ptr, &experts.down, os.ptr, d, f).unwrap();
+    moe_down_grouped(g, &groups, hs.ptr, &experts.down, os.ptr, d, f).unwrap();
     let one = Groups::One { rows: t };
     moe_gate_up_grouped(
         &g,
@@ -759,7 +759,7 @@ fn moe_grouped_prefill_with(g: &Gpu, experts: &Experts) {
         d,
     )
     .unwrap();
-    moe_down_grouped(&g, &one, hsh.ptr, &experts.shared_down, osh.ptr, d, fs).unwrap();
+    moe_down_grouped(g, &one, hsh.ptr, &experts.shared_down, osh.ptr, d, fs).unwrap();
 
     // gate/up activations: rows of expert `ex` (None: the shared expert over all tokens)
     let got_hs = from_bf16_bits(&g.download::<u16>(hs.ptr, pairs * f).unwrap());
@@ -814,7 +814,7 @@ fn moe_grouped_prefill_with(g: &Gpu, experts: &Experts) {
         "gate/up of the shared expert: {err}"
     );
 
-    moe_combine(&g, os.ptr, osh.ptr, rowmap.ptr, wb.ptr, rb.ptr, t, d, k).unwrap();
+    moe_combine(g, os.ptr, osh.ptr, rowmap.ptr, wb.ptr, rb.ptr, t, d, k).unwrap();
     let got: Vec<f32> = g.download(rb.ptr, t * d).unwrap();
     let checked: Vec<usize> = (0..t).step_by(10).chain([129, 200, 250, 299]).collect();
     let (mut delta_got, mut delta_want) = (Vec::new(), Vec::new());
