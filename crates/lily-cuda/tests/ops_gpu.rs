@@ -453,7 +453,7 @@ fn moe_experts_with(g: &Gpu, experts: &Experts) {
     // gate/up, publishing the routing into `route` when given
     let gate_up = |route: Option<u64>| {
         moe_gate_up(
-            &g,
+            g,
             MOE,
             &GateUp {
                 x: xb.ptr,
@@ -473,7 +473,7 @@ fn moe_experts_with(g: &Gpu, experts: &Experts) {
     let down = |route: Option<u64>, final_norm: Option<(u64, u64, f32)>| {
         g.upload(rb.ptr, &resid).unwrap();
         moe_down_norm(
-            &g,
+            g,
             MOE,
             &DownNorm {
                 h: hb.ptr,
@@ -736,7 +736,7 @@ fn moe_grouped_prefill_with(g: &Gpu, experts: &Experts) {
     // the activation rows start as NaN: every row of a routed expert must be written
     g.upload(hs.ptr, &vec![0x7fc0u16; pairs * f]).unwrap();
     moe_gate_up_grouped(
-        &g,
+        g,
         &groups,
         xb.ptr,
         Some(src.ptr),
@@ -749,7 +749,7 @@ fn moe_grouped_prefill_with(g: &Gpu, experts: &Experts) {
     moe_down_grouped(g, &groups, hs.ptr, &experts.down, os.ptr, d, f).unwrap();
     let one = Groups::One { rows: t };
     moe_gate_up_grouped(
-        &g,
+        g,
         &one,
         xb.ptr,
         None,
