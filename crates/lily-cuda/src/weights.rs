@@ -81,9 +81,13 @@ pub struct DevWeights {
     pub layers: Vec<DevLayer>,
 }
 
-/// Bytes the device copy of the weights takes.
-pub fn weight_bytes(cfg: &Config) -> usize {
+/// Bytes the device copy of the weights takes; `fp8`: the matrices the FP8
+/// kernels read (the mixers' projections but ba, the experts) as codes and
+/// f32 block scales, the rest bf16.
+pub fn weight_bytes(cfg: &Config, fp8: bool) -> usize {
     let (d, v) = (cfg.hidden_size, cfg.vocab_size);
+    // bytes of n weights of a matrix the FP8 kernels read
+    let q = |n: usize| if fp8 { n + n / (128 * 128) * 4 } else { n * 2 };
     let mut n = 2 * v * d * 2 + d * 4;
     for k in &cfg.layer_kinds {
         n += 2 * d * 4;
@@ -94,7 +98,7 @@ pub fn weight_bytes(cfg: &Config) -> usize {
                     cfg.num_key_value_heads,
                     cfg.head_dim,
                 );
-                (cfg.q_proj_rows() * d + 2 * hkv * dh * d + d * hq * dh) * 2 + 2 * dh * 4
+                q(cfg.q_proj_rows() * d + 2 * hkv * dh * d + d * hq * dh) + 2 * dh * 4
             }
             lily_model::LayerKind::Gdn => {
                 let (c, hv, dv, w) = (
@@ -103,7 +107,7 @@ pub fn weight_bytes(cfg: &Config) -> usize {
                     cfg.linear_value_head_dim,
                     cfg.linear_conv_kernel_dim,
                 );
-                (c * d + hv * dv * d + 2 * hv * d + d * hv * dv) * 2 + (c * w + 2 * hv + dv) * 4
+                q(c * d + hv * dv * d + d * hv * dv) + 2 * hv * d * 2 + (c * w + 2 * hv + dv) * 4
             }
         };
         let (e, f, fs) = (
@@ -111,7 +115,7 @@ pub fn weight_bytes(cfg: &Config) -> usize {
             cfg.moe_intermediate_size,
             cfg.shared_expert_intermediate_size,
         );
-        n += ((e + 1) * d + e * 3 * f * d + 3 * fs * d) * 2;
+        n += (e + 1) * d * 2 + q(e * 3 * f * d + 3 * fs * d);
     }
     n
 }

@@ -198,8 +198,13 @@ pub struct CudaModel {
     screen: Option<HeadScreen>,
 }
 
-/// Device memory a model needs, in bytes: (weights, per-sequence state, activations).
-pub fn memory_estimate(cfg: &Config, opts: &CudaOptions) -> (usize, usize, usize) {
+/// Device memory a model needs, in bytes: (weights, per-sequence state,
+/// activations); `format`: how the checkpoint stores its linear weights.
+pub fn memory_estimate(
+    cfg: &Config,
+    opts: &CudaOptions,
+    format: lily_model::WeightFormat,
+) -> (usize, usize, usize) {
     let t = opts.prefill_chunk;
     let (d, hq, hkv, dh) = (
         cfg.hidden_size,
@@ -246,7 +251,8 @@ pub fn memory_estimate(cfg: &Config, opts: &CudaOptions) -> (usize, usize, usize
         + attention_decode_scratch_bytes(hq, dh, attention_decode_splits(opts.max_seq))
         + grouped_bytes(cfg, t);
     (
-        weight_bytes(cfg) + HeadScreen::bytes_for(cfg, opts.greedy_head == GreedyHead::Screen),
+        weight_bytes(cfg, format != lily_model::WeightFormat::Dense)
+            + HeadScreen::bytes_for(cfg, opts.greedy_head == GreedyHead::Screen),
         state,
         act,
     )
@@ -269,7 +275,7 @@ impl CudaModel {
                 opts.prefill_chunk
             );
         }
-        let (wb, sb, ab) = memory_estimate(&cfg, &opts);
+        let (wb, sb, ab) = memory_estimate(&cfg, &opts, w.format);
         let (free, total) = gpu.free_memory()?;
         if verbose {
             eprintln!(

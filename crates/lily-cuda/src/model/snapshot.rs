@@ -44,7 +44,7 @@ impl CudaModel {
     /// driver, cuBLAS and transient buffers; at most 16 GiB.
     pub fn prompt_cache_default(&self) -> Result<usize> {
         let (free, _) = self.gpu.free_memory()?;
-        let (_, state, _) = super::memory_estimate(&self.cfg, &self.opts);
+        let (_, state, _) = super::memory_estimate(&self.cfg, &self.opts, self.format);
         Ok((free.saturating_sub(state + (1 << 30)) / 2).min(16 << 30))
     }
 
