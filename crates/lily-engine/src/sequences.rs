@@ -209,6 +209,7 @@ impl<St, Sn> Sequences<St, Sn> {
 /// - the start of the answer's header: the next turn parts there when the
 ///   template renders this answer without the generation prompt's tail (an
 ///   empty or stripped think block), as Qwen's does for past turns.
+///
 /// Not the start of the last message: every mark splits the prefill into one
 /// more segment (each reads the expert weights), and a turn regenerated with
 /// another message still resumes at the previous answer's header.
