@@ -27,7 +27,7 @@ import sys
 import time
 import urllib.request
 
-from serve_process import lily_serve
+from serve_process import lily_serve, stream
 
 WORDS = ["river", "compile", "kernel", "lantern", "orbit", "matrix", "harbor", "signal", "pepper", "quartz",
          "tensor", "meadow", "cache", "violet", "engine", "summit", "copper", "thread", "glacier", "token"]
@@ -44,24 +44,17 @@ def chat(port: int, messages: list, max_tokens: int, **sampling) -> dict:
     body = {"messages": messages, "max_tokens": max_tokens, "stream": True,
             "stream_options": {"include_usage": True},
             "chat_template_kwargs": {"enable_thinking": False}, "temperature": 0, **sampling}
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()
     arrivals, content, usage = [], [], None
-    with urllib.request.urlopen(req, timeout=900) as r:
-        for raw in r:
-            line = raw.decode().strip()
-            if not line.startswith("data:") or line == "data: [DONE]":
-                continue
-            ev = json.loads(line[5:])
-            for c in ev.get("choices") or []:
-                d = c.get("delta") or {}
-                piece = (d.get("content") or "") + (d.get("reasoning_content") or "")
-                if piece:
-                    arrivals.append(time.perf_counter() - t0)
-                    content.append(d.get("content") or "")
-            if ev.get("usage"):
-                usage = ev["usage"]
+    for t, ev in stream(port, "/v1/chat/completions", body):
+        for c in ev.get("choices") or []:
+            d = c.get("delta") or {}
+            piece = (d.get("content") or "") + (d.get("reasoning_content") or "")
+            if piece:
+                arrivals.append(t)
+                content.append(d.get("content") or "")
+        if ev.get("usage"):
+            usage = ev["usage"]
     return {"ttft_s": arrivals[0] if arrivals else None, "total_s": time.perf_counter() - t0,
             "arrivals": arrivals, "content": "".join(content), "usage": usage}
 

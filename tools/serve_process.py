@@ -1,7 +1,8 @@
 """A `lily serve` process for the client-side measurements (serve_ttft.py,
 serve_agent.py): started on a free loopback port, waited for until /health
-answers, stopped at the end."""
+answers, stopped at the end; and the streamed events of one request to it."""
 import contextlib
+import json
 import socket
 import subprocess
 import sys
@@ -45,3 +46,17 @@ def lily_serve(lily: str, args: list, timeout_s: float = 300):
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def stream(port: int, path: str, body: dict, timeout_s: float = 900):
+    """POST `body` (a streaming request) to `path`; yields (seconds since the request, event) for
+    each server-sent event but the final [DONE]."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            yield time.perf_counter() - t0, json.loads(line[5:])

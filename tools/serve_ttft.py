@@ -14,11 +14,9 @@ usage: serve_ttft.py --lily PATH --tokens 24000 [--requests 3] [--out FILE] -- s
 import argparse
 import json
 import random
-import sys
 import time
-import urllib.request
 
-from serve_process import lily_serve
+from serve_process import lily_serve, stream
 
 
 def prompt(n_words: int, seed: int) -> str:
@@ -29,22 +27,15 @@ def prompt(n_words: int, seed: int) -> str:
 
 
 def request(port: int, text: str) -> dict:
-    body = json.dumps({"prompt": text, "max_tokens": 8, "stream": True, "temperature": 0,
-                       "stream_options": {"include_usage": True}}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
+    body = {"prompt": text, "max_tokens": 8, "stream": True, "temperature": 0,
+            "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     first, usage = None, None
-    with urllib.request.urlopen(req, timeout=600) as r:
-        for raw in r:
-            line = raw.decode().strip()
-            if not line.startswith("data:") or line == "data: [DONE]":
-                continue
-            ev = json.loads(line[5:])
-            if first is None and ev.get("choices") and ev["choices"][0].get("text"):
-                first = time.perf_counter() - t0
-            if ev.get("usage"):
-                usage = ev["usage"]
+    for t, ev in stream(port, "/v1/completions", body, 600):
+        if first is None and ev.get("choices") and ev["choices"][0].get("text"):
+            first = t
+        if ev.get("usage"):
+            usage = ev["usage"]
     return {"ttft_s": first, "total_s": time.perf_counter() - t0, "usage": usage}
 
 
